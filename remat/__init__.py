@@ -1,0 +1,20 @@
+"""remat: whole-trace, size-aware rematerialization for Lightning Thunder training traces."""
+
+from remat import _compat
+
+_compat.import_thunder()
+
+from remat.errors import (  # noqa: E402
+    GraphError,
+    InfeasibleError,
+    NoBackwardError,
+    RematError,
+    TraceCaptureError,
+    UnsupportedTraceError,
+)
+from remat.trace import training_trace  # noqa: E402
+
+__version__ = "0.1.0"
+from remat.graph import FusionGraph, TensorInfo, Unit  # noqa: E402
+from remat.memory import MemoryProfile, TimelinePoint, estimate_memory  # noqa: E402
+from remat.fuse import NvFuserPolicy, fuse  # noqa: E402

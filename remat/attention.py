@@ -1,0 +1,126 @@
+"""A memory-faithful attention executor for machines without CUDA.
+
+On a GPU, Thunder's ``sdpa`` executor runs ``scaled_dot_product_attention`` as flash / memory-efficient
+attention: the forward saves the output and a small ``logsumexp`` and the backward recomputes the
+attention matrix.  On a CPU (or the meta device) that executor declines, Thunder decomposes attention
+into matmul + softmax prims, and the trace materializes the full ``T x T`` attention matrix, which is not
+what a GPU run allocates.  So that CPU traces have the memory shape of GPU traces, remat registers this
+operator executor (placed after Thunder's ``sdpa`` executor, so on a GPU Thunder's wins):
+
+* ``remat_sdpa_fwd(q, k, v, attn_mask, dropout_p, is_causal, scale) -> (out, logsumexp)``
+* ``remat_sdpa_bwd(grad_out, q, k, v, attn_mask, out, logsumexp, dropout_p, is_causal, scale) -> (dq, dk, dv)``
+
+Both run with PyTorch's CPU flash-attention kernels (``aten._scaled_dot_product_flash_attention_for_cpu``
+and its backward) and fall back to PyTorch's math attention for other devices.  Only dropout-free
+attention is claimed; with dropout Thunder's own decomposition stays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from remat import _compat
+
+_compat.import_thunder()
+
+from thunder.core import dtypes  # noqa: E402
+from thunder.core.proxies import TensorProxy  # noqa: E402
+from thunder.core.transforms import get_grad, put_grads  # noqa: E402
+from thunder.extend import OperatorExecutor, register_executor  # noqa: E402
+import thunder.torch as ltorch  # noqa: E402
+
+__all__ = ["attention_executor"]
+
+attention_executor = OperatorExecutor("remat_sdpa", version="0.1")
+register_executor(attention_executor)
+
+
+def _additive_mask(attn_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    zeros = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device)
+    return zeros.masked_fill(~attn_mask, -math.inf)
+
+
+def _forward_meta(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    out = TensorProxy(like=query, shape=(*query.shape[:-1], value.shape[-1]))
+    logsumexp = TensorProxy(like=query, shape=tuple(query.shape[:-1]), dtype=dtypes.float32)
+    return out, logsumexp
+
+
+def _forward_impl(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    mask = _additive_mask(attn_mask, query.dtype)
+    if query.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale
+        )
+    # Reference path for other devices: explicit math (used only where Thunder's sdpa executor declined).
+    scale_value = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = (query.float() @ key.float().transpose(-2, -1)) * scale_value
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, -math.inf)
+    if mask is not None:
+        scores = scores + mask.float()
+    logsumexp = torch.logsumexp(scores, dim=-1)
+    out = (torch.exp(scores - logsumexp.unsqueeze(-1)) @ value.float()).to(query.dtype)
+    return out, logsumexp
+
+
+def _backward_meta(grad_out, query, key, value, attn_mask, out, logsumexp, dropout_p, is_causal, scale):
+    return TensorProxy(like=query), TensorProxy(like=key), TensorProxy(like=value)
+
+
+def _backward_impl(grad_out, query, key, value, attn_mask, out, logsumexp, dropout_p, is_causal, scale):
+    mask = _additive_mask(attn_mask, query.dtype)
+    if query.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=mask, scale=scale
+        )
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_(True) for t in (query, key, value))
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=is_causal, scale=scale
+        )
+        return torch.autograd.grad(y, (q, k, v), grad_out)
+
+
+sdpa_forward = attention_executor.register_operator(
+    "remat_sdpa_fwd", meta=_forward_meta, fn=_forward_impl
+)
+sdpa_backward = attention_executor.register_operator(
+    "remat_sdpa_bwd", meta=_backward_meta, fn=_backward_impl
+)
+
+
+def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
+    if dropout_p != 0.0:
+        return False
+    if any(isinstance(t, TensorProxy) and not dtypes.is_float_dtype(t.dtype) for t in (query, key, value)):
+        return False
+    return query.ndim == 4 and key.ndim == 4 and value.ndim == 4
+
+
+def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    out, _ = sdpa_forward(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return out
+
+
+def _grad_transform(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    out, logsumexp = sdpa_forward(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    grad_out = get_grad(out)
+    grad_query, grad_key, grad_value = sdpa_backward(
+        grad_out, query, key, value, attn_mask, out, logsumexp, dropout_p, is_causal, scale
+    )
+    put_grads((query, key, value), (grad_query, grad_key, grad_value))
+    return out
+
+
+attention_executor.register_implementation(
+    ltorch.scaled_dot_product_attention,
+    checker=_checker,
+    execution_transform=_execution,
+    grad_transform=_grad_transform,
+)

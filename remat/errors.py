@@ -1,0 +1,27 @@
+"""Exceptions raised by remat.  All derive from :class:`RematError`."""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base class of every error remat raises on purpose."""
+
+
+class TraceCaptureError(RematError, RuntimeError):
+    """Thunder could not trace the given module or function."""
+
+
+class NoBackwardError(RematError, ValueError):
+    """The trace or function has no backward part (nothing requires grad)."""
+
+
+class UnsupportedTraceError(RematError, ValueError):
+    """The trace holds something remat cannot model (symbolic shapes, a non-Thunder object, ...)."""
+
+
+class GraphError(RematError, ValueError):
+    """A plain graph given to :func:`remat.solve` is malformed (cycle, missing attribute, ...)."""
+
+
+class InfeasibleError(RematError, ValueError):
+    """No finite cut exists: the backward needs a value that may neither be saved nor recomputed."""

@@ -1,0 +1,121 @@
+"""Stage 1b, *regions*: group a joint trace's prims into fusion regions the way nvFuser would.
+
+:func:`fuse` is remat's CPU stand-in for Thunder's nvFuser fusion pass (``nvFuserExecutor.fusion_pass``
+in Thunder 0.2.6).  It mirrors that pass where it decides regions:
+
+* ``uniform`` is replaced by the stateless ``uniform_philox`` plus explicit RNG-state ops
+  (Thunder's ``replace_uniform``), so dropout masks can be recomputed exactly;
+* regions are runs of *consecutive* fusible bound symbols in trace order (Thunder's default
+  ``fusion_type="consecutive"``); a non-fusible op (a matmul, attention, an input or cotangent read) ends
+  the run;
+* a run made only of shape ops (reshape, broadcast, transpose, ...) is not fused;
+* linear and matmul join regions only when the policy says so (nvFuser's ``nv_enable_linear`` /
+  ``nv_enable_matmul``), attention only with ``sdpa=True``.
+
+Differences (documented in docs/design.md): nvFuser also declines ops on CPU tensors and checks
+per-op dtype support; the stand-in does neither, since CPU/meta traces stand for GPU runs.  It does not
+run Thunder's rematerialization, CSE or cast cleanup: :func:`remat.optimize` (or Thunder's
+``rematerialize``) is applied to its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from remat import _compat
+from remat.ops import ATTENTION_MARKERS, NVFUSER_FUSIBLE_PRIMS, NVFUSER_MATMUL_PRIMS, NVFUSER_SHAPE_PRIMS, is_attention
+from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
+
+_compat.import_thunder()
+
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
+
+from remat.graph import op_kind  # noqa: E402
+
+__all__ = ["NvFuserPolicy", "fuse"]
+
+
+@dataclass(frozen=True)
+class NvFuserPolicy:
+    """Which operations may join a fusion region.
+
+    ``linear`` / ``matmul``: let nvFuser take linear layers / matmuls (its ``nv_enable_linear`` and
+    ``nv_enable_matmul`` options).  ``sdpa``: let regions take attention kernels.  ``shape_only_regions``:
+    fuse runs made only of shape ops (nvFuser's ``nv_enable_shape_only_fusion``).
+    """
+
+    linear: bool = False
+    matmul: bool = False
+    sdpa: bool = False
+    shape_only_regions: bool = False
+
+    def can_fuse_kind(self, kind: str) -> bool:
+        if kind in NVFUSER_MATMUL_PRIMS:
+            return self.linear if kind == "linear" else self.matmul
+        if kind in NVFUSER_FUSIBLE_PRIMS:
+            return True
+        return self.sdpa and is_attention(kind)
+
+
+def fuse(
+    trace: TraceCtx,
+    policy: NvFuserPolicy | None = None,
+    *,
+    executor: RegionExecutor | None = None,
+) -> TraceCtx:
+    """Return ``trace`` with its fusible prims grouped into fusion regions (``sym.is_fusion``).
+
+    The result is a Thunder trace: Thunder's ``rematerialize`` accepts it, and so does
+    :func:`remat.optimize`.  Regions are named ``nvFusion0``, ``nvFusion1``, ... in trace order.
+    """
+    if not isinstance(trace, TraceCtx):
+        raise TypeError(f"fuse expects a Thunder trace (TraceCtx), got {type(trace).__name__}")
+    policy = policy or NvFuserPolicy()
+    if not isinstance(policy, NvFuserPolicy):
+        raise TypeError(f"policy must be a remat.NvFuserPolicy, got {type(policy).__name__}")
+    executor = executor or default_region_executor()
+
+    from remat.execute import thunder_context
+    from thunder.core.rematerialization import replace_uniform
+
+    with thunder_context():
+        trace = replace_uniform(trace)
+
+    bsyms = list(trace.bound_symbols)
+    kinds = [op_kind(b) for b in bsyms]
+    # Last position at which each name is read; a group's outputs are names read after it.
+    last_read: dict[str, int] = {}
+    for index, bsym in enumerate(bsyms):
+        if bsym.sym.is_fusion:
+            raise ValueError("the trace is already fused; remat.fuse expects an unfused joint trace")
+        for p in bsym.flat_proxy_args:
+            last_read[p.name] = index
+
+    new_bsyms = []
+    counter = 0
+    index = 0
+    while index < len(bsyms):
+        if not policy.can_fuse_kind(kinds[index]):
+            new_bsyms.append(bsyms[index])
+            index += 1
+            continue
+        end = index
+        while end + 1 < len(bsyms) and policy.can_fuse_kind(kinds[end + 1]):
+            end += 1
+        group = bsyms[index : end + 1]
+        group_kinds = kinds[index : end + 1]
+        if not policy.shape_only_regions and all(k in NVFUSER_SHAPE_PRIMS for k in group_kinds):
+            new_bsyms.extend(group)
+        else:
+            produced = {p.name for b in group for p in b.flat_proxy_outs}
+            needed_after = {name for name in produced if last_read.get(name, -1) > end}
+            inputs, outputs = region_io(group, needed_after)
+            if outputs:
+                new_bsyms.append(make_region(executor, f"nvFusion{counter}", group, inputs, outputs))
+                counter += 1
+        index = end + 1
+
+    fused = from_trace(trace)
+    fused.bound_symbols = new_bsyms
+    fused.set_provenance(TraceProvenance(f"remat.fuse ({counter} regions, {policy})"))
+    return fused

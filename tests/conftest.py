@@ -1,0 +1,29 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import torch  # noqa: E402
+
+import remat  # noqa: E402
+
+
+def tiny_litgpt(name="pythia-14m", **overrides):
+    from litgpt import GPT, Config
+
+    fields = dict(n_layer=1, n_embd=64, n_head=4, block_size=64, padded_vocab_size=128, vocab_size=128)
+    fields.update(overrides)
+    config = Config.from_name(name, **fields)
+    torch.manual_seed(0)
+    return GPT(config)
+
+
+@pytest.fixture(scope="session")
+def pythia_trace():
+    """Joint trace of a 1-layer tiny GPT-NeoX (pythia) model on the meta device."""
+    with torch.device("meta"):
+        model = tiny_litgpt()
+    idx = torch.zeros(1, 32, dtype=torch.long, device="meta")
+    return remat.training_trace(model, idx)
