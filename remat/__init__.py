@@ -18,3 +18,6 @@ __version__ = "0.1.0"
 from remat.graph import FusionGraph, TensorInfo, Unit  # noqa: E402
 from remat.memory import MemoryProfile, TimelinePoint, estimate_memory  # noqa: E402
 from remat.fuse import NvFuserPolicy, fuse  # noqa: E402
+from remat.problem import RecomputePolicy  # noqa: E402
+from remat.plan import Plan, solve  # noqa: E402
+from remat.optimize import OptimizationWarning, Result, optimize  # noqa: E402

@@ -20,12 +20,15 @@
     ``unit``         index of the unit (top-level bound symbol) holding the op
     ``phase``        ``"forward"`` or ``"backward"`` (see :func:`split_phases`)
     ``inputs``       tensor names read, ``outputs`` tensor names written
-    ``bytes``        bytes of all outputs (numel x itemsize)
+    ``bytes``        bytes of all outputs (numel x itemsize); ``output_bytes`` per output
     ``flops``        FLOP estimate (:func:`remat.ops.estimate_flops`)
     ``tags``         frozenset from {matmul, attention, reduction, rng, rng_stateless, view, shape}
     ``fusible``      True if nvFuser could take the op (:data:`remat.ops.NVFUSER_FUSIBLE_PRIMS`)
     ``is_input``     True for trace inputs (``unpack_trivial``), ``is_param`` for parameters
     ===============  =============================================================================
+
+    ``graph.graph["tensors"]`` holds the TensorInfo dict and ``graph.graph["forward_outputs"]`` the names
+    the forward returns, so the graph alone is enough for :func:`remat.solve`.
 
     Edge ``(u, v)`` means v reads something u wrote.  Edge attributes: ``tensors`` (names carried),
     ``bytes`` (their total), and for the largest carried tensor ``tensor``, ``shape``, ``dtype``,
@@ -44,6 +47,7 @@ from typing import Any
 import networkx as nx
 
 from remat import _compat
+from remat._util import paused_gc
 from remat.errors import UnsupportedTraceError
 from remat.ops import (
     BOOKKEEPING_KINDS,
@@ -187,6 +191,8 @@ class FusionGraph:
         is_joint: bool = False,
         explicit_saved: tuple[str, ...] | None = None,
         trace: TraceCtx | None = None,
+        op_bsyms: list[BoundSymbol] | None = None,
+        unit_bsyms: list[BoundSymbol] | None = None,
     ) -> None:
         self.units = units
         self.tensors = tensors
@@ -196,6 +202,9 @@ class FusionGraph:
         self.is_joint = is_joint
         self.explicit_saved = explicit_saved
         self.trace = trace
+        #: Thunder bound symbols behind op nodes (by node id) and units (by unit index); None for plain graphs.
+        self.op_bsyms = op_bsyms
+        self.unit_bsyms = unit_bsyms
 
     def __repr__(self) -> str:
         regions = sum(1 for u in self.units if u.kind == "region")
@@ -208,6 +217,11 @@ class FusionGraph:
     @classmethod
     def from_trace(cls, trace: TraceCtx) -> FusionGraph:
         """Build the graph of a Thunder trace (joint forward+backward, forward-only, or fused)."""
+        with paused_gc():
+            return cls._from_trace(trace)
+
+    @classmethod
+    def _from_trace(cls, trace: TraceCtx) -> FusionGraph:
         if not isinstance(trace, TraceCtx):
             hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
             raise TypeError(f"expected a Thunder trace (thunder.core.trace.TraceCtx), got {type(trace).__name__}.{hint}")
@@ -274,14 +288,23 @@ class FusionGraph:
         # ---- tensors and op nodes
         graph = nx.DiGraph()
         tensors: dict[str, TensorInfo] = {}
+        op_bsyms: list[BoundSymbol] = []  # node id -> the bound symbol it stands for
         producer_node: dict[str, int] = {}  # unit-level visible producers
         units: list[Unit] = []
         node_id = 0
 
+        facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
+
+        def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
+            cached = facts_cache.get(proxy.name)
+            if cached is None:
+                cached = facts_cache[proxy.name] = _tensor_facts(proxy)
+            return cached
+
         def register_tensor(proxy: Proxy, kind: str, unit_index: int | None, node: int | None, phase: str, alias_of=None):
             if not isinstance(proxy, (TensorProxy, NumberProxy)):
                 return
-            shape, dtype, nbytes = _tensor_facts(proxy)
+            shape, dtype, nbytes = facts(proxy)
             if isinstance(proxy, NumberProxy):
                 kind = "number"
             tensors[proxy.name] = TensorInfo(proxy.name, shape, dtype, nbytes, kind, unit_index, node, phase, alias_of)
@@ -312,13 +335,11 @@ class FusionGraph:
                 op_out_proxies = [p for p in op.flat_proxy_outs if p.name not in op_ins]
                 op_outs = tuple(dict.fromkeys(p.name for p in op_out_proxies))
                 tags = op_tags(okind, _thunder_tags(op))
-                in_shapes = [tuple(p.shape) for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
-                out_shapes = [tuple(p.shape) for p in op_out_proxies if isinstance(p, TensorProxy)]
+                in_shapes = [facts(p)[0] for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
+                out_shapes = [facts(p)[0] for p in op_out_proxies if isinstance(p, TensorProxy)]
                 flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD)
-                out_bytes = 0
-                for p in op_out_proxies:
-                    if isinstance(p, (TensorProxy, NumberProxy)):
-                        out_bytes += _tensor_facts(p)[2]
+                out_sizes = {p.name: facts(p)[2] for p in op_out_proxies}
+                out_bytes = sum(out_sizes.values())
                 is_input = unit_kind == "input"
                 is_param = is_input and any(
                     tensors.get(o) is not None and tensors[o].kind == "param" for o in op_outs
@@ -333,6 +354,7 @@ class FusionGraph:
                     phase=phase,
                     inputs=op_ins,
                     outputs=op_outs,
+                    output_bytes=tuple(out_sizes[name] for name in op_outs),
                     bytes=out_bytes,
                     flops=flops,
                     tags=tags,
@@ -380,6 +402,7 @@ class FusionGraph:
                     else:
                         register_tensor(p, "activation", unit_index, node_id, phase, alias_base)
                 nodes.append(node_id)
+                op_bsyms.append(op)
                 unit_flops += flops
                 unit_tags |= tags
                 node_id += 1
@@ -405,6 +428,8 @@ class FusionGraph:
                 )
             )
 
+        graph.graph["tensors"] = tensors
+        graph.graph["forward_outputs"] = forward_outputs
         return cls(
             units,
             tensors,
@@ -414,6 +439,8 @@ class FusionGraph:
             is_joint=is_joint,
             explicit_saved=explicit_saved,
             trace=trace,
+            op_bsyms=op_bsyms,
+            unit_bsyms=[r[0] for r in raw],
         )
 
     # ------------------------------------------------------------------ views

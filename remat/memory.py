@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from remat.graph import BACKWARD, FORWARD, FusionGraph
 
-__all__ = ["MemoryProfile", "TimelinePoint", "estimate_memory", "profile_graph"]
+__all__ = ["MemoryProfile", "TimelinePoint", "estimate_memory", "profile_graph", "lifetimes", "live_at"]
 
 
 @dataclass(frozen=True)
@@ -73,22 +73,19 @@ def _base(name: str, graph: FusionGraph) -> str:
     return name
 
 
-def profile_graph(graph: FusionGraph) -> MemoryProfile:
-    """Run the memory model on a :class:`~remat.graph.FusionGraph` (see the module docstring)."""
+def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, int]]:
+    """Execution order (unit indices) and, for every counted base buffer, the first and last step at
+    which it is alive (``start``, ``end``; ``end == len(order)`` means held to the end of the step)."""
     tensors = graph.tensors
     order = graph.execution_order()
-    position = {unit_index: step for step, unit_index in enumerate(order)}
     end_of_step = len(order)
-
-    # Lifetime of every counted base buffer, in execution steps.
     start: dict[str, int] = {}
     end: dict[str, int] = {}
-    for unit_index in order:
+    for step, unit_index in enumerate(order):
         unit = graph.units[unit_index]
-        step = position[unit_index]
         for name in unit.outputs:
             info = tensors.get(name)
-            if info is None or info.kind in ("param", "input", "number") or info.bytes == 0 and info.alias_of is None:
+            if info is None or info.kind in ("param", "input", "number"):
                 continue
             base = _base(name, graph)
             base_info = tensors.get(base)
@@ -103,6 +100,21 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
                 last = end_of_step if unit.kind == "return" else step
                 if last > end[base]:
                     end[base] = last
+    return order, start, end
+
+
+def live_at(graph: FusionGraph, step: int) -> list[tuple[str, int]]:
+    """Base buffers alive at execution step ``step``, largest first: ``[(name, bytes), ...]``."""
+    _, start, end = lifetimes(graph)
+    alive = [(b, graph.tensors[b].bytes) for b, s in start.items() if s <= step <= end[b]]
+    return sorted(alive, key=lambda item: -item[1])
+
+
+def profile_graph(graph: FusionGraph) -> MemoryProfile:
+    """Run the memory model on a :class:`~remat.graph.FusionGraph` (see the module docstring)."""
+    tensors = graph.tensors
+    order, start, end = lifetimes(graph)
+    end_of_step = len(order)
 
     # Sweep: bytes alive at each step.
     delta = [0] * (end_of_step + 2)

@@ -12,6 +12,7 @@ forward and twice that backward.  They are used to rank recomputation choices, n
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -88,8 +89,12 @@ def is_attention(kind: str) -> bool:
 def op_tags(kind: str, thunder_tags: Iterable[str] = ()) -> frozenset[str]:
     """Tags remat uses for an op: subset of {"matmul", "attention", "reduction", "rng", "rng_stateless",
     "view", "shape"}.  ``thunder_tags`` are lower-case names of Thunder ``OpTags`` on the symbol."""
+    return _op_tags(kind, frozenset(thunder_tags))
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_tags(kind: str, thunder_tags: frozenset[str]) -> frozenset[str]:
     tags = set()
-    thunder_tags = set(thunder_tags)
     if kind in MATMUL_KINDS or "matmul_op" in thunder_tags:
         tags.add("matmul")
     if is_attention(kind):

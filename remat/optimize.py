@@ -1,0 +1,151 @@
+"""``remat.optimize``: trace -> graph -> problem -> solver -> plan -> rewrite, with memory before/after.
+
+Nothing is lost: if the plan cannot be applied (the solver fails, the rewrite fails, or the rewritten
+trace would peak higher than the original), :func:`optimize` returns the trace as it came, with the
+reason in ``Result.notes`` and one warning; ``strict=True`` raises instead.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from remat import _compat
+from remat._util import paused_gc
+from remat.errors import RematError
+from remat.graph import FusionGraph
+from remat.memory import MemoryProfile, profile_graph
+from remat.plan import Plan, plan_from_cut
+from remat.problem import RecomputePolicy, build_problem
+from remat.rewrite import apply_plan
+from remat.solver import min_cut
+
+_compat.import_thunder()
+
+from thunder.core.trace import TraceCtx  # noqa: E402
+
+__all__ = ["Result", "optimize", "OptimizationWarning"]
+
+
+class OptimizationWarning(UserWarning):
+    """remat left (part of) a trace as it was; the message says why."""
+
+
+@dataclass
+class Result:
+    """What :func:`optimize` did.  ``trace`` is the optimized (or, on fallback, the original) trace."""
+
+    trace: TraceCtx
+    plan: Plan | None
+    before: MemoryProfile
+    after: MemoryProfile
+    graph: FusionGraph
+    extra_flops: int = 0
+    step_flops: int = 0
+    seconds: float = 0.0
+    applied: bool = True
+    notes: list[str] = field(default_factory=list)
+    original: TraceCtx | None = None
+
+    def summary(self) -> str:
+        mib = 2**20
+        lines = [
+            f"saved activations: {self.before.saved_bytes / mib:.1f} MiB -> {self.after.saved_bytes / mib:.1f} MiB",
+            f"estimated peak:    {self.before.peak_bytes / mib:.1f} MiB -> {self.after.peak_bytes / mib:.1f} MiB",
+            f"extra FLOPs:       {self.extra_flops:.3g} ({100 * self.extra_flops / max(self.step_flops, 1):.2f}% of the step)",
+            f"optimizer time:    {self.seconds * 1e3:.1f} ms",
+        ]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        mib = 2**20
+        return (
+            f"Result(saved {self.before.saved_bytes / mib:.1f}->{self.after.saved_bytes / mib:.1f} MiB, "
+            f"peak {self.before.peak_bytes / mib:.1f}->{self.after.peak_bytes / mib:.1f} MiB, "
+            f"{'applied' if self.applied else 'not applied'})"
+        )
+
+
+def optimize(
+    trace: TraceCtx,
+    memory_budget: int | float | None = None,
+    *,
+    policy: RecomputePolicy | None = None,
+    backend: str = "scipy",
+    strict: bool = False,
+) -> Result:
+    """Plan and apply one global rematerialization of a (fused) joint Thunder trace.
+
+    ``policy`` says what may be recomputed (default: no matmuls, attention, reductions or stateful RNG).
+    ``memory_budget`` (bytes, or a fraction of the un-optimized estimated peak) asks for more
+    recomputation until the estimated peak fits; see :mod:`remat.budget`.  ``backend`` picks the min-cut
+    solver (``"scipy"`` or ``"networkx"``).  With ``strict=True`` failures raise instead of falling back.
+    """
+    if not isinstance(trace, TraceCtx):
+        hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
+        raise TypeError(f"optimize expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
+    with paused_gc():
+        return _optimize(trace, memory_budget, policy=policy, backend=backend, strict=strict)
+
+
+def _optimize(
+    trace: TraceCtx,
+    memory_budget: int | float | None,
+    *,
+    policy: RecomputePolicy | None,
+    backend: str,
+    strict: bool,
+) -> Result:
+    start = time.perf_counter()
+    if memory_budget is not None:
+        from remat.budget import optimize_with_budget
+
+        return optimize_with_budget(trace, memory_budget, policy=policy, backend=backend, strict=strict)
+    graph = FusionGraph.from_trace(trace)
+    if not graph.is_joint:
+        from remat.errors import NoBackwardError
+
+        raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
+    before = profile_graph(graph)
+    step_flops = sum(graph.nx.nodes[n]["flops"] for n in graph.nx)
+    policy = policy or RecomputePolicy()
+
+    def fallback(reason: str) -> Result:
+        if strict:
+            raise RematError(reason)
+        warnings.warn(f"remat left the trace as it was: {reason}", OptimizationWarning, stacklevel=3)
+        return Result(trace, None, before, before, graph, 0, step_flops, time.perf_counter() - start, False, [reason], trace)
+
+    try:
+        problem = build_problem(graph.nx, policy, validate=False)
+        cut = min_cut(problem, backend)
+        plan = plan_from_cut(problem, cut, policy)
+    except RematError as exc:
+        return fallback(f"solver: {exc}")
+    try:
+        rewritten = apply_plan(trace, graph, plan)
+    except Exception as exc:  # a rewrite bug must never break the user's training step
+        if strict:
+            raise
+        return fallback(f"rewrite failed: {type(exc).__name__}: {exc}")
+    after = profile_graph(FusionGraph.from_trace(rewritten.trace))
+    if after.peak_bytes > before.peak_bytes:
+        return fallback(
+            f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "
+            f"{after.peak_bytes / 2**20:.1f} MiB)"
+        )
+    return Result(
+        trace=rewritten.trace,
+        plan=plan,
+        before=before,
+        after=after,
+        graph=graph,
+        extra_flops=rewritten.extra_flops,
+        step_flops=step_flops,
+        seconds=time.perf_counter() - start,
+        applied=True,
+        notes=rewritten.notes,
+        original=trace,
+    )

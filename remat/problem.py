@@ -1,0 +1,314 @@
+"""Stage 3, *problem*: one flow network over the whole forward part of a training graph.
+
+:func:`build_problem` turns a producer/consumer graph (a :class:`remat.FusionGraph`'s ``.nx``, or any plain
+``networkx.DiGraph`` following the schema below) into a :class:`FlowProblem`: a capacitated network whose
+minimum s-t cut is the cheapest set of forward values to save so that everything the backward reads is
+either saved or recomputable from saved values, parameters and inputs.
+
+Construction (the classical split-node formulation, over the *whole* forward at once):
+
+* every forward value ``t`` (an output of a forward op) becomes two nodes ``in(t) -> out(t)`` joined by an
+  edge of capacity ``save_cost(t)``: its bytes, or 0 when keeping it costs nothing extra (a forward output,
+  which the caller holds anyway; a view of a parameter or input; a number);
+* an op that reads ``s`` and writes ``t`` adds ``out(s) -> in(t)`` with infinite capacity (to have ``t`` in
+  the backward without saving it, its inputs must be there);
+* values of ops that must not be recomputed are pinned to the source: ``SOURCE -> in(t)``, infinite;
+* a forward value read by a backward op is pinned to the sink: ``out(t) -> SINK``, infinite;
+* parameters and inputs are always available and are left out of the network.
+
+A value whose split edge is cut is *saved*; a forward op whose value sits wholly on the sink side and is
+needed by the backward is *recomputed* there.
+
+Plain-graph schema (documented in docs/graph-schema.md):
+
+``phase`` (required)
+    ``"forward"`` or ``"backward"``.
+``bytes`` (required unless ``outputs`` is given)
+    size of the node's output value.
+``outputs`` (optional)
+    tuple of value names written by the node; then ``output_bytes`` (tuple, aligned) gives their sizes.
+    Default: one value named by the node id.
+``save_cost`` / ``output_costs`` (optional)
+    cost of keeping the value(s) for the backward; default: the bytes.
+``recompute`` (optional)
+    ``"allowed"`` or ``"never"``; default from ``tags`` and the :class:`RecomputePolicy`.
+``tags`` (optional)
+    iterable of strings; ``matmul``, ``attention``, ``rng``, ``reduction`` are never recomputed by default.
+``is_input`` / ``is_param`` (optional)
+    the node's values are always available (free, never in the network).
+``savable`` (optional, default True)
+    False if the value can never be kept for the backward.
+``flops`` (optional)
+    cost of recomputing the node, used to report extra FLOPs.
+
+Edge ``(u, v)`` means ``v`` reads ``u``'s values; an optional ``tensors`` attribute names which ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from remat.errors import GraphError
+
+__all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "SOURCE", "SINK", "INFINITE"]
+
+SOURCE = 0
+SINK = 1
+#: Marker for infinite capacity in :attr:`FlowProblem.capacities` (solvers map it to their own infinity).
+INFINITE = -1
+
+KNOWN_TAGS = frozenset({"matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape"})
+
+
+@dataclass(frozen=True)
+class RecomputePolicy:
+    """What the solver may recompute in the backward.  A value you pass, not a global setting.
+
+    ``matmul`` / ``attention``: allow recomputing matmuls, linears and attention kernels.
+    ``reductions``: allow recomputing reductions (norm statistics, sums; they shrink their input, so
+    saving their output is cheap anyway).  ``random``: allow recomputing *stateful* random ops; never
+    safe, kept for experiments only (stateless ``uniform_philox`` is always recomputable: it reproduces the
+    same numbers).  ``non_fusible``: allow recomputing ops that cannot join a fusion region (they would
+    run as stand-alone kernels in the backward).
+    """
+
+    matmul: bool = False
+    attention: bool = False
+    reductions: bool = False
+    random: bool = False
+    non_fusible: bool = False
+
+    def allows(self, tags: Iterable[str], fusible: bool = True) -> bool:
+        tags = set(tags)
+        if "matmul" in tags and not self.matmul:
+            return False
+        if "attention" in tags and not self.attention:
+            return False
+        if "reduction" in tags and not self.reductions:
+            return False
+        if "rng" in tags and not self.random:
+            return False
+        if not fusible and "view" not in tags and not ({"matmul", "attention"} & tags) and not self.non_fusible:
+            return False
+        return True
+
+
+@dataclass
+class FlowProblem:
+    """A flow network with nodes ``0`` (source), ``1`` (sink), then ``in``/``out`` nodes of each value.
+
+    ``tails``/``heads``/``capacities`` list the edges (capacity :data:`INFINITE` for pinned and data
+    edges).  ``values[i]`` is the name of the value whose split nodes are ``2 + 2*i`` (in) and
+    ``3 + 2*i`` (out).  ``producer[name]`` is the op node writing a value; ``reads[op]`` the network values
+    an op reads; ``backward_reads`` the values read by backward ops; ``pinned`` the values that may not be
+    recomputed.
+    """
+
+    values: list[str]
+    value_index: dict[str, int]
+    tails: np.ndarray
+    heads: np.ndarray
+    capacities: np.ndarray
+    save_cost: dict[str, int]
+    value_bytes: dict[str, int]
+    producer: dict[str, Hashable]
+    reads: dict[Hashable, tuple[str, ...]]
+    backward_reads: set[str]
+    pinned: set[str]
+    op_flops: dict[Hashable, int] = field(default_factory=dict)
+    unsavable: set[str] = field(default_factory=set)
+
+    @property
+    def num_nodes(self) -> int:
+        return 2 + 2 * len(self.values)
+
+    def in_node(self, name: str) -> int:
+        return 2 + 2 * self.value_index[name]
+
+    def out_node(self, name: str) -> int:
+        return 3 + 2 * self.value_index[name]
+
+
+def _node_outputs(graph: nx.DiGraph, node: Hashable, data: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    if "outputs" in data:
+        outputs = tuple(data["outputs"])
+        if "output_bytes" in data:
+            sizes = tuple(int(b) for b in data["output_bytes"])
+        elif len(outputs) == 1 and "bytes" in data:
+            sizes = (int(data["bytes"]),)
+        else:
+            raise GraphError(f"node {node!r} lists outputs {outputs} but no 'output_bytes'")
+        if len(sizes) != len(outputs):
+            raise GraphError(f"node {node!r}: 'output_bytes' has {len(sizes)} entries for {len(outputs)} outputs")
+        return outputs, sizes
+    if "bytes" not in data:
+        raise GraphError(f"node {node!r} has no 'bytes' attribute (size of its output)")
+    return (node,), (int(data["bytes"]),)
+
+
+def validate_graph(graph: nx.DiGraph) -> None:
+    """Raise :class:`GraphError` for graphs :func:`build_problem` cannot take."""
+    if not isinstance(graph, nx.DiGraph):
+        raise GraphError(f"expected a networkx.DiGraph, got {type(graph).__name__}")
+    if graph.number_of_nodes() == 0:
+        raise GraphError("the graph is empty")
+    if isinstance(graph, nx.MultiDiGraph):
+        raise GraphError("multigraphs are not supported; put several values on one edge with 'tensors'")
+    if not nx.is_directed_acyclic_graph(graph):
+        cycle = nx.find_cycle(graph)
+        raise GraphError(f"the graph has a cycle: {cycle}")
+    for node, data in graph.nodes(data=True):
+        phase = data.get("phase")
+        if phase not in ("forward", "backward"):
+            raise GraphError(f"node {node!r}: 'phase' must be 'forward' or 'backward', got {phase!r}")
+        unknown = set(data.get("tags", ())) - KNOWN_TAGS
+        if unknown and data.get("recompute") is None:
+            raise GraphError(
+                f"node {node!r} has tags {sorted(unknown)} the solver does not know; "
+                f"known tags: {sorted(KNOWN_TAGS)} (or set recompute='allowed'/'never')"
+            )
+        recompute = data.get("recompute")
+        if recompute not in (None, "allowed", "never"):
+            raise GraphError(f"node {node!r}: 'recompute' must be 'allowed' or 'never', got {recompute!r}")
+    for u, v in graph.edges:
+        if graph.nodes[u]["phase"] == "backward" and graph.nodes[v]["phase"] == "forward":
+            raise GraphError(f"forward node {v!r} reads backward node {u!r}")
+
+
+def build_problem(graph: nx.DiGraph, policy: RecomputePolicy | None = None, *, validate: bool = True) -> FlowProblem:
+    """Build the flow network of ``graph`` (see the module docstring).  Raises :class:`GraphError` for
+    malformed graphs.  Graphs made by :meth:`remat.FusionGraph.from_trace` carry their tensors in
+    ``graph.graph["tensors"]`` and their forward outputs in ``graph.graph["forward_outputs"]``."""
+    policy = policy or RecomputePolicy()
+    if validate:
+        validate_graph(graph)
+    tensors = graph.graph.get("tensors")
+    held = set(graph.graph.get("forward_outputs", ()))
+
+    values: list[str] = []
+    value_index: dict[str, int] = {}
+    save_cost: dict[str, int] = {}
+    value_bytes: dict[str, int] = {}
+    producer: dict[str, Hashable] = {}
+    pinned: set[str] = set()
+    unsavable: set[str] = set()
+    op_flops: dict[Hashable, int] = {}
+    node_outputs: dict[Hashable, tuple[str, ...]] = {}
+    free_values: set[str] = set()
+
+    for node, data in graph.nodes(data=True):
+        if data.get("kind") == "return":
+            continue
+        outputs, sizes = _node_outputs(graph, node, data)
+        node_outputs[node] = outputs
+        if data["phase"] != "forward":
+            continue
+        if data.get("is_input") or data.get("is_param"):
+            free_values.update(outputs)
+            continue
+        recompute = data.get("recompute")
+        if recompute is None:
+            allowed = policy.allows(data.get("tags", ()), data.get("fusible", True))
+        else:
+            allowed = recompute == "allowed"
+        costs = data.get("output_costs")
+        if costs is None and "save_cost" in data and len(outputs) == 1:
+            costs = (int(data["save_cost"]),)
+        op_flops[node] = int(data.get("flops", 0))
+        for k, (name, nbytes) in enumerate(zip(outputs, sizes)):
+            if tensors is not None:
+                info = tensors.get(name)
+                if info is not None and info.kind in ("param", "input"):
+                    free_values.add(name)
+                    continue
+                cost = _trace_save_cost(name, tensors, held)
+            else:
+                cost = int(costs[k]) if costs is not None else nbytes
+            if cost < 0:
+                raise GraphError(f"node {node!r}: negative size for value {name!r}")
+            value_index[name] = len(values)
+            values.append(name)
+            save_cost[name] = cost
+            value_bytes[name] = nbytes
+            producer[name] = node
+            if not allowed:
+                pinned.add(name)
+            if data.get("savable") is False:
+                unsavable.add(name)
+
+    tails: list[int] = []
+    heads: list[int] = []
+    caps: list[int] = []
+
+    def edge(a: int, b: int, c: int) -> None:
+        tails.append(a)
+        heads.append(b)
+        caps.append(c)
+
+    for name, i in value_index.items():
+        edge(2 + 2 * i, 3 + 2 * i, INFINITE if name in unsavable else save_cost[name])
+        if name in pinned:
+            edge(SOURCE, 2 + 2 * i, INFINITE)
+
+    reads: dict[Hashable, tuple[str, ...]] = {}
+    backward_reads: set[str] = set()
+    for node, data in graph.nodes(data=True):
+        if data.get("kind") == "return":
+            continue
+        read: dict[str, None] = {}
+        for pred in graph.predecessors(node):
+            carried = graph.edges[pred, node].get("tensors")
+            names = carried if carried is not None else node_outputs.get(pred, ())
+            for name in names:
+                if name in value_index:
+                    read[name] = None
+        if not read:
+            continue
+        read_names = tuple(read)
+        if data["phase"] == "forward":
+            reads[node] = read_names
+            for out in node_outputs.get(node, ()):
+                if out not in value_index:
+                    continue
+                for name in read_names:
+                    edge(3 + 2 * value_index[name], 2 + 2 * value_index[out], INFINITE)
+        else:
+            for name in read_names:
+                backward_reads.add(name)
+                edge(3 + 2 * value_index[name], SINK, INFINITE)
+
+    return FlowProblem(
+        values=values,
+        value_index=value_index,
+        tails=np.asarray(tails, dtype=np.int64),
+        heads=np.asarray(heads, dtype=np.int64),
+        capacities=np.asarray(caps, dtype=np.int64),
+        save_cost=save_cost,
+        value_bytes=value_bytes,
+        producer=producer,
+        reads=reads,
+        backward_reads=backward_reads,
+        pinned=pinned,
+        op_flops=op_flops,
+        unsavable=unsavable,
+    )
+
+
+def _trace_save_cost(name: str, tensors: dict, held: set[str]) -> int:
+    """Bytes that keeping a trace tensor for the backward adds: none for forward outputs (held by the
+    caller anyway), numbers, and views of parameters or inputs; else its storage."""
+    info = tensors.get(name)
+    if info is None:
+        return 0
+    if name in held or info.kind in ("number", "param", "input"):
+        return 0
+    if info.alias_of is not None:
+        base = tensors.get(info.alias_of)
+        if base is None or base.kind in ("param", "input") or base.name in held:
+            return 0
+        return base.bytes
+    return info.bytes
