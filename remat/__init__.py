@@ -20,4 +20,4 @@ from remat.memory import MemoryProfile, TimelinePoint, estimate_memory  # noqa: 
 from remat.fuse import NvFuserPolicy, fuse  # noqa: E402
 from remat.problem import RecomputePolicy  # noqa: E402
 from remat.plan import Plan, solve  # noqa: E402
-from remat.optimize import OptimizationWarning, Result, optimize  # noqa: E402
+from remat.pipeline import OptimizationWarning, Result, optimize  # noqa: E402

@@ -65,7 +65,7 @@ def run_demo(args: argparse.Namespace) -> int:
         graph = remat.FusionGraph.from_trace(trace)
         profile = remat.estimate_memory(graph)
         regions = sum(1 for u in graph.units if u.kind == "region")
-        rows.append((label, str(graph.nx.number_of_nodes()), str(regions), _fmt_bytes(profile.saved_bytes), _fmt_bytes(profile.peak_bytes)))
+        rows.append((label, str(len(graph.ops)), str(regions), _fmt_bytes(profile.saved_bytes), _fmt_bytes(profile.peak_bytes)))
     print()
     print(_table(rows))
     print(f"\ndone in {time.perf_counter() - started:.1f} s")

@@ -41,13 +41,12 @@ Forward and backward are told apart by :func:`split_phases`, the rule Thunder's
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import networkx as nx
 
 from remat import _compat
-from remat._util import paused_gc
 from remat.errors import UnsupportedTraceError
 from remat.ops import (
     BOOKKEEPING_KINDS,
@@ -67,21 +66,20 @@ from thunder.core.pytree import tree_flatten  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceTag  # noqa: E402
 
-__all__ = ["FusionGraph", "TensorInfo", "Unit", "op_kind", "split_phases"]
+__all__ = ["FusionGraph", "Op", "TensorInfo", "Unit", "op_kind", "split_phases"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One value crossing a unit boundary.
+class TensorInfo(NamedTuple):
+    """One value of the trace (a tensor or number proxy).
 
     ``kind`` is ``"activation"`` (made by the step), ``"param"`` (a parameter or buffer: a trace input
     that requires grad or lives at a static memory location), ``"input"`` (another trace input),
     ``"cotangent"`` (a gradient handed to the backward) or ``"number"``.  ``alias_of`` names the tensor
     whose storage this one shares (set for outputs of stand-alone view ops, following chains to the
-    base); None for fresh storage.
+    base); None for fresh storage.  ``producer_unit``/``producer_node`` locate the unit and op writing it.
     """
 
     name: str
@@ -120,30 +118,59 @@ def op_kind(bsym: BoundSymbol) -> str:
     return str(sym_id)
 
 
+_SYMBOL_FACTS: dict[Any, tuple[str, frozenset[str], bool]] = {}
+
+
+def _symbol_facts(bsym: BoundSymbol) -> tuple[str, frozenset[str], bool]:
+    """(kind, tags, fusible) of a bound symbol's symbol, cached per symbol."""
+    sym = bsym.sym
+    try:
+        return _SYMBOL_FACTS[sym]
+    except (KeyError, TypeError):
+        pass
+    kind = op_kind(bsym)
+    facts = (kind, op_tags(kind, _thunder_tags(bsym)), kind in NVFUSER_FUSIBLE_PRIMS)
+    if not sym.is_fusion:  # fusion symbols are made per region; don't keep them alive
+        try:
+            _SYMBOL_FACTS[sym] = facts
+        except TypeError:
+            pass
+    return facts
+
+
 def _thunder_tags(bsym: BoundSymbol) -> tuple[str, ...]:
     tags = bsym.sym.tags or ()
     return tuple(t.name.lower() for t in tags if hasattr(t, "name"))
 
 
-def _dtype_name(dtype: Any) -> str:
-    short = getattr(dtype, "shortname", None)
-    return short() if callable(short) else str(dtype)
-
-
 def _tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
     if isinstance(proxy, TensorProxy):
-        shape = tuple(proxy.shape)
-        if not all(type(d) is int for d in shape):
-            dims = ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
-            raise UnsupportedTraceError(
-                f"tensor {proxy.name} has a symbolic shape ({dims}); remat models static shapes only "
-                "(trace with thunder.jit's default cache option, not 'symbolic values')"
-            )
+        # ``_shape`` is what the public ``shape`` property returns outside symbolic tracing; reading it
+        # directly skips a compile-data lookup per call (this runs for every tensor of every trace).
+        shape = tuple(getattr(proxy, "_shape", None) or proxy.shape)
         numel = 1
         for d in shape:
+            if type(d) is not int:
+                dims = ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
+                raise UnsupportedTraceError(
+                    f"tensor {proxy.name} has a symbolic shape ({dims}); remat models static shapes only "
+                    "(trace with thunder.jit's default cache option, not 'symbolic values')"
+                )
             numel *= d
-        return shape, _dtype_name(proxy.dtype), numel * proxy.dtype.bytes
+        dtype = proxy.dtype
+        return shape, _dtype_name(dtype), numel * dtype.bytes
     return (), type(proxy).__name__, 0
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        short = getattr(dtype, "shortname", None)
+        name = _DTYPE_NAMES[dtype] = short() if callable(short) else str(dtype)
+    return name
 
 
 def split_phases(
@@ -177,6 +204,39 @@ def split_phases(
     return phases
 
 
+class Op(NamedTuple):
+    """One operation: a node of :attr:`FusionGraph.nx` (see the module docstring for the fields).
+
+    ``input_nodes[i]`` is the node that wrote ``inputs[i]`` (None where no node did).  ``recompute``,
+    ``savable`` and ``output_costs`` are only set for plain graphs given to :func:`remat.solve`.
+    """
+
+    id: Any
+    kind: str
+    unit: int
+    region: str | None
+    phase: str
+    inputs: tuple[str, ...]
+    input_nodes: tuple[Any, ...]
+    outputs: tuple[str, ...]
+    output_bytes: tuple[int, ...]
+    flops: int = 0
+    tags: frozenset[str] = frozenset()
+    fusible: bool = True
+    is_input: bool = False
+    is_param: bool = False
+    recompute: str | None = None
+    savable: bool = True
+    output_costs: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        if not self.outputs:
+            return self.kind
+        shown = ", ".join(self.outputs[:2]) + (", ..." if len(self.outputs) > 2 else "")
+        return f"{shown} = {self.kind}"
+
+
 class FusionGraph:
     """The producer/consumer structure of a Thunder trace (see the module docstring for attributes)."""
 
@@ -184,7 +244,7 @@ class FusionGraph:
         self,
         units: list[Unit],
         tensors: dict[str, TensorInfo],
-        graph: nx.DiGraph,
+        ops: list[Op] | None = None,
         *,
         forward_outputs: tuple[str, ...] = (),
         gradients: tuple[str, ...] = (),
@@ -196,7 +256,9 @@ class FusionGraph:
     ) -> None:
         self.units = units
         self.tensors = tensors
-        self.nx = graph
+        #: Operation records in execution order of the trace (node id == index); None when built with
+        #: ``ops=False`` (memory model only).
+        self.ops = ops
         self.forward_outputs = forward_outputs
         self.gradients = gradients
         self.is_joint = is_joint
@@ -205,23 +267,34 @@ class FusionGraph:
         #: Thunder bound symbols behind op nodes (by node id) and units (by unit index); None for plain graphs.
         self.op_bsyms = op_bsyms
         self.unit_bsyms = unit_bsyms
+        self._nx: nx.DiGraph | None = None
 
     def __repr__(self) -> str:
         regions = sum(1 for u in self.units if u.kind == "region")
+        ops = len(self.ops) if self.ops is not None else "?"
         return (
-            f"FusionGraph({self.nx.number_of_nodes()} ops, {regions} regions, {len(self.units)} units, "
+            f"FusionGraph({ops} ops, {regions} regions, {len(self.units)} units, "
             f"{'joint' if self.is_joint else 'single-phase'})"
         )
 
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The op-level ``networkx.DiGraph`` (built on first use from :attr:`ops`)."""
+        if self._nx is None:
+            if self.ops is None:
+                raise ValueError("this FusionGraph was built with ops=False; build it with FusionGraph.from_trace(trace)")
+            self._nx = _build_nx(self.ops, self.tensors, self.forward_outputs)
+        return self._nx
+
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_trace(cls, trace: TraceCtx) -> FusionGraph:
-        """Build the graph of a Thunder trace (joint forward+backward, forward-only, or fused)."""
-        with paused_gc():
-            return cls._from_trace(trace)
+    def from_trace(cls, trace: TraceCtx, *, ops: bool = True) -> FusionGraph:
+        """Build the graph of a Thunder trace (joint forward+backward, forward-only, or fused).
+        With ``ops=False`` only units and tensors are read (enough for the memory model, and faster)."""
+        return cls._from_trace(trace, ops)
 
     @classmethod
-    def _from_trace(cls, trace: TraceCtx) -> FusionGraph:
+    def _from_trace(cls, trace: TraceCtx, with_ops: bool) -> FusionGraph:
         if not isinstance(trace, TraceCtx):
             hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
             raise TypeError(f"expected a Thunder trace (thunder.core.trace.TraceCtx), got {type(trace).__name__}.{hint}")
@@ -247,12 +320,13 @@ class FusionGraph:
                 unit_kind = "region"
             else:
                 unit_kind = "op"
-            ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args))
             outs = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_outs))
             if unit_kind in ("input", "cotangent"):
                 # unpack_trivial "reads" the name it defines; get_grad names the forward output whose
                 # cotangent it reads, but does not read that output's data.
-                ins = ()
+                ins: tuple[str, ...] = ()
+            else:
+                ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args))
             raw.append((bsym, kind, unit_kind, ins, outs))
 
         return_bsym = raw[-1][0] if raw and raw[-1][2] == "return" else None
@@ -285,14 +359,12 @@ class FusionGraph:
         else:
             phases = [FORWARD] * len(raw)
 
-        # ---- tensors and op nodes
-        graph = nx.DiGraph()
+        # ---- tensors and op records
         tensors: dict[str, TensorInfo] = {}
+        ops: list[Op] = []
         op_bsyms: list[BoundSymbol] = []  # node id -> the bound symbol it stands for
-        producer_node: dict[str, int] = {}  # unit-level visible producers
+        producer_node: dict[str, int] = {}  # producers visible at unit level
         units: list[Unit] = []
-        node_id = 0
-
         facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
 
         def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
@@ -316,81 +388,61 @@ class FusionGraph:
             register_tensor(proxy, "param" if is_param else "input", None, None, FORWARD)
 
         for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
+            if not with_ops:
+                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor)
+                units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
+                continue
             nodes: list[int] = []
-            if unit_kind == "region":
-                ops = list(bsym.subsymbols)
-                region_name = bsym.sym.name
-            else:
-                ops = [bsym]
-                region_name = None
+            members = list(bsym.subsymbols) if unit_kind == "region" else [bsym]
+            region_name = bsym.sym.name if unit_kind == "region" else None
             local_producer: dict[str, int] = {}
             unit_flops = 0
             unit_tags: set[str] = set()
-            for op in ops:
-                okind = op_kind(op) if op is not bsym or unit_kind != "region" else "fusion"
-                if okind in BOOKKEEPING_KINDS or okind == RETURN_KIND:
-                    if unit_kind != "return":
-                        continue
-                op_ins = ins if unit_kind in ("input", "cotangent") else tuple(dict.fromkeys(p.name for p in op.flat_proxy_args))
+            for op in members:
+                okind, tags, fusible = _symbol_facts(op)
+                if (okind in BOOKKEEPING_KINDS or okind == RETURN_KIND) and unit_kind != "return":
+                    continue
+                node_id = len(ops)
+                if unit_kind in ("input", "cotangent"):
+                    op_ins = ins
+                else:
+                    op_ins = tuple(dict.fromkeys(p.name for p in op.flat_proxy_args))
                 op_out_proxies = [p for p in op.flat_proxy_outs if p.name not in op_ins]
-                op_outs = tuple(dict.fromkeys(p.name for p in op_out_proxies))
-                tags = op_tags(okind, _thunder_tags(op))
+                out_sizes = {p.name: facts(p)[2] for p in op_out_proxies}
+                op_outs = tuple(out_sizes)
                 in_shapes = [facts(p)[0] for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
                 out_shapes = [facts(p)[0] for p in op_out_proxies if isinstance(p, TensorProxy)]
                 flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD)
-                out_sizes = {p.name: facts(p)[2] for p in op_out_proxies}
-                out_bytes = sum(out_sizes.values())
                 is_input = unit_kind == "input"
-                is_param = is_input and any(
-                    tensors.get(o) is not None and tensors[o].kind == "param" for o in op_outs
+                ops.append(
+                    Op(
+                        id=node_id,
+                        kind=okind,
+                        unit=unit_index,
+                        region=region_name,
+                        phase=phase,
+                        inputs=op_ins,
+                        input_nodes=tuple(local_producer.get(n, producer_node.get(n)) for n in op_ins),
+                        outputs=op_outs,
+                        output_bytes=tuple(out_sizes.values()),
+                        flops=flops,
+                        tags=tags,
+                        fusible=fusible,
+                        is_input=is_input,
+                        is_param=is_input and any(t in tensors and tensors[t].kind == "param" for t in op_outs),
+                    )
                 )
-                label_outs = ", ".join(op_outs[:2]) + (", ..." if len(op_outs) > 2 else "")
-                graph.add_node(
-                    node_id,
-                    label=f"{label_outs} = {okind}" if op_outs else okind,
-                    kind=okind,
-                    region=region_name,
-                    unit=unit_index,
-                    phase=phase,
-                    inputs=op_ins,
-                    outputs=op_outs,
-                    output_bytes=tuple(out_sizes[name] for name in op_outs),
-                    bytes=out_bytes,
-                    flops=flops,
-                    tags=tags,
-                    fusible=okind in NVFUSER_FUSIBLE_PRIMS,
-                    is_input=is_input,
-                    is_param=is_param,
-                )
-                for name in op_ins:
-                    src = local_producer.get(name, producer_node.get(name))
-                    if src is None or src == node_id:
-                        continue
-                    info = tensors.get(name)
-                    nbytes = info.bytes if info is not None else 0
-                    if graph.has_edge(src, node_id):
-                        data = graph.edges[src, node_id]
-                        data["tensors"] = data["tensors"] + (name,)
-                        data["bytes"] += nbytes
-                        if info is not None and nbytes > _edge_main_bytes(data, tensors):
-                            _set_main_tensor(data, info, graph.nodes[src])
-                    else:
-                        data = {"tensors": (name,), "bytes": nbytes}
-                        if info is not None:
-                            _set_main_tensor(data, info, graph.nodes[src])
-                        graph.add_edge(src, node_id, **data)
+                op_bsyms.append(op)
                 for name in op_outs:
                     local_producer[name] = node_id
                 alias_base = None
                 if unit_kind == "op" and "view" in tags and op_ins:
-                    # A stand-alone view shares its input's storage (inside a region every output is fresh).
-                    base_info = tensors.get(op_ins[0])
-                    alias_base = (base_info.alias_of or op_ins[0]) if base_info is not None else op_ins[0]
+                    alias_base = _alias_base(op_ins[0], tensors)
                 for p in op_out_proxies:
                     if unit_kind == "input":
                         existing = tensors.get(p.name)
                         if existing is not None:
-                            tensors[p.name] = replace(existing, producer_unit=unit_index, producer_node=node_id)
+                            tensors[p.name] = existing._replace(producer_unit=unit_index, producer_node=node_id)
                             continue
                         register_tensor(p, "input", unit_index, node_id, phase)
                     elif unit_kind == "cotangent":
@@ -402,10 +454,8 @@ class FusionGraph:
                     else:
                         register_tensor(p, "activation", unit_index, node_id, phase, alias_base)
                 nodes.append(node_id)
-                op_bsyms.append(op)
                 unit_flops += flops
                 unit_tags |= tags
-                node_id += 1
             if unit_kind == "region":
                 for p in bsym.flat_proxy_outs:
                     info = tensors.get(p.name)
@@ -415,33 +465,41 @@ class FusionGraph:
                 if name in local_producer:
                     producer_node[name] = local_producer[name]
             units.append(
-                Unit(
-                    index=unit_index,
-                    name=bsym.sym.name,
-                    kind=unit_kind,
-                    phase=phase,
-                    inputs=ins,
-                    outputs=outs,
-                    nodes=tuple(nodes),
-                    flops=unit_flops,
-                    tags=frozenset(unit_tags),
-                )
+                Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, tuple(nodes), unit_flops, frozenset(unit_tags))
             )
 
-        graph.graph["tensors"] = tensors
-        graph.graph["forward_outputs"] = forward_outputs
         return cls(
             units,
             tensors,
-            graph,
+            ops if with_ops else None,
             forward_outputs=forward_outputs,
             gradients=gradients,
             is_joint=is_joint,
             explicit_saved=explicit_saved,
             trace=trace,
-            op_bsyms=op_bsyms,
+            op_bsyms=op_bsyms if with_ops else None,
             unit_bsyms=[r[0] for r in raw],
         )
+
+    @staticmethod
+    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor) -> None:
+        """Unit-level tensor registration for ``ops=False`` graphs (what the memory model reads)."""
+        alias_base = None
+        if unit_kind == "op" and ins and "view" in op_tags(kind, _thunder_tags(bsym)):
+            alias_base = _alias_base(ins[0], tensors)
+        for p in bsym.flat_proxy_outs:
+            if p.name in ins:
+                continue
+            if unit_kind == "input":
+                existing = tensors.get(p.name)
+                if existing is not None:
+                    tensors[p.name] = existing._replace(producer_unit=unit_index)
+                    continue
+                register_tensor(p, "input", unit_index, None, phase)
+            elif unit_kind == "cotangent":
+                register_tensor(p, "cotangent", unit_index, None, phase)
+            else:
+                register_tensor(p, "activation", unit_index, None, phase, alias_base)
 
     # ------------------------------------------------------------------ views
     def regions(self) -> nx.DiGraph:
@@ -485,6 +543,55 @@ class FusionGraph:
         backward = [u.index for u in self.units if u.phase == BACKWARD and u.kind != "return"]
         tail = [u.index for u in self.units if u.kind == "return"]
         return forward + backward + tail
+
+
+def _alias_base(name: str, tensors: dict[str, TensorInfo]) -> str:
+    """The tensor whose storage ``name`` lives in (following earlier aliases)."""
+    info = tensors.get(name)
+    return (info.alias_of or name) if info is not None else name
+
+
+def _build_nx(ops: list[Op], tensors: dict[str, TensorInfo], forward_outputs: tuple[str, ...]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    graph.graph["tensors"] = tensors
+    graph.graph["forward_outputs"] = forward_outputs
+    for op in ops:
+        graph.add_node(
+            op.id,
+            label=op.label,
+            kind=op.kind,
+            region=op.region,
+            unit=op.unit,
+            phase=op.phase,
+            inputs=op.inputs,
+            outputs=op.outputs,
+            output_bytes=op.output_bytes,
+            bytes=sum(op.output_bytes),
+            flops=op.flops,
+            tags=op.tags,
+            fusible=op.fusible,
+            is_input=op.is_input,
+            is_param=op.is_param,
+        )
+    nodes = graph.nodes
+    for op in ops:
+        for name, src in zip(op.inputs, op.input_nodes):
+            if src is None or src == op.id:
+                continue
+            info = tensors.get(name)
+            nbytes = info.bytes if info is not None else 0
+            if graph.has_edge(src, op.id):
+                data = graph.edges[src, op.id]
+                data["tensors"] = data["tensors"] + (name,)
+                data["bytes"] += nbytes
+                if info is not None and nbytes > _edge_main_bytes(data, tensors):
+                    _set_main_tensor(data, info, nodes[src])
+            else:
+                data = {"tensors": (name,), "bytes": nbytes}
+                if info is not None:
+                    _set_main_tensor(data, info, nodes[src])
+                graph.add_edge(src, op.id, **data)
+    return graph
 
 
 def _edge_main_bytes(data: dict, tensors: dict[str, TensorInfo]) -> int:

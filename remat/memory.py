@@ -182,5 +182,8 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
 def estimate_memory(trace_or_graph) -> MemoryProfile:
     """Memory profile of any Thunder trace (joint, fused, Thunder's own rematerialized traces included)
     or of a :class:`~remat.graph.FusionGraph`."""
-    graph = trace_or_graph if isinstance(trace_or_graph, FusionGraph) else FusionGraph.from_trace(trace_or_graph)
+    if isinstance(trace_or_graph, FusionGraph):
+        graph = trace_or_graph
+    else:
+        graph = FusionGraph.from_trace(trace_or_graph, ops=False)
     return profile_graph(graph)

@@ -53,6 +53,7 @@ import networkx as nx
 import numpy as np
 
 from remat.errors import GraphError
+from remat.graph import FusionGraph, Op
 
 __all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "SOURCE", "SINK", "INFINITE"]
 
@@ -133,7 +134,7 @@ class FlowProblem:
         return 3 + 2 * self.value_index[name]
 
 
-def _node_outputs(graph: nx.DiGraph, node: Hashable, data: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _node_outputs(node: Hashable, data: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if "outputs" in data:
         outputs = tuple(data["outputs"])
         if "output_bytes" in data:
@@ -179,16 +180,66 @@ def validate_graph(graph: nx.DiGraph) -> None:
             raise GraphError(f"forward node {v!r} reads backward node {u!r}")
 
 
-def build_problem(graph: nx.DiGraph, policy: RecomputePolicy | None = None, *, validate: bool = True) -> FlowProblem:
-    """Build the flow network of ``graph`` (see the module docstring).  Raises :class:`GraphError` for
-    malformed graphs.  Graphs made by :meth:`remat.FusionGraph.from_trace` carry their tensors in
-    ``graph.graph["tensors"]`` and their forward outputs in ``graph.graph["forward_outputs"]``."""
+def records_from_nx(graph: nx.DiGraph) -> list[Op]:
+    """Operation records of a plain graph (the same records a FusionGraph keeps)."""
+    outputs_of: dict[Hashable, tuple[str, ...]] = {}
+    records = []
+    for node, data in graph.nodes(data=True):
+        outputs, sizes = _node_outputs(node, data)
+        outputs_of[node] = outputs
+        costs = data.get("output_costs")
+        if costs is None and "save_cost" in data and len(outputs) == 1:
+            costs = (int(data["save_cost"]),)
+        inputs: list[str] = []
+        input_nodes: list[Hashable] = []
+        for pred in graph.predecessors(node):
+            carried = graph.edges[pred, node].get("tensors")
+            for name in carried if carried is not None else _node_outputs(pred, graph.nodes[pred])[0]:
+                inputs.append(name)
+                input_nodes.append(pred)
+        records.append(
+            Op(
+                id=node,
+                kind=data.get("kind", ""),
+                unit=data.get("unit", -1),
+                region=data.get("region"),
+                phase=data["phase"],
+                inputs=tuple(inputs),
+                input_nodes=tuple(input_nodes),
+                outputs=outputs,
+                output_bytes=sizes,
+                flops=int(data.get("flops", 0)),
+                tags=frozenset(data.get("tags", ())),
+                fusible=data.get("fusible", True),
+                is_input=bool(data.get("is_input", False)),
+                is_param=bool(data.get("is_param", False)),
+                recompute=data.get("recompute"),
+                savable=data.get("savable", True) is not False,
+                output_costs=tuple(int(c) for c in costs) if costs is not None else None,
+            )
+        )
+    return records
+
+
+def build_problem(
+    graph: nx.DiGraph | FusionGraph, policy: RecomputePolicy | None = None, *, validate: bool = True
+) -> FlowProblem:
+    """Build the flow network of ``graph`` (see the module docstring): a plain ``networkx.DiGraph``
+    (validated unless ``validate=False``; raises :class:`GraphError` when malformed) or a
+    :class:`remat.FusionGraph` (its op records are used directly).  Graphs made by
+    :meth:`remat.FusionGraph.from_trace` carry their tensors in ``graph.graph["tensors"]`` and their
+    forward outputs in ``graph.graph["forward_outputs"]``; sizes and save costs then come from there."""
     policy = policy or RecomputePolicy()
+    if isinstance(graph, FusionGraph):
+        if graph.ops is None:
+            raise GraphError("this FusionGraph was built with ops=False; the solver needs its operations")
+        return _build(graph.ops, graph.tensors, set(graph.forward_outputs), policy)
     if validate:
         validate_graph(graph)
-    tensors = graph.graph.get("tensors")
-    held = set(graph.graph.get("forward_outputs", ()))
+    return _build(records_from_nx(graph), graph.graph.get("tensors"), set(graph.graph.get("forward_outputs", ())), policy)
 
+
+def _build(ops: list[Op], tensors: dict | None, held: set[str], policy: RecomputePolicy) -> FlowProblem:
     values: list[str] = []
     value_index: dict[str, int] = {}
     save_cost: dict[str, int] = {}
@@ -197,89 +248,79 @@ def build_problem(graph: nx.DiGraph, policy: RecomputePolicy | None = None, *, v
     pinned: set[str] = set()
     unsavable: set[str] = set()
     op_flops: dict[Hashable, int] = {}
-    node_outputs: dict[Hashable, tuple[str, ...]] = {}
-    free_values: set[str] = set()
 
-    for node, data in graph.nodes(data=True):
-        if data.get("kind") == "return":
+    for op in ops:
+        if op.phase != "forward" or op.kind == "return" or op.is_input or op.is_param:
             continue
-        outputs, sizes = _node_outputs(graph, node, data)
-        node_outputs[node] = outputs
-        if data["phase"] != "forward":
-            continue
-        if data.get("is_input") or data.get("is_param"):
-            free_values.update(outputs)
-            continue
-        recompute = data.get("recompute")
-        if recompute is None:
-            allowed = policy.allows(data.get("tags", ()), data.get("fusible", True))
+        if op.recompute is None:
+            allowed = policy.allows(op.tags, op.fusible)
         else:
-            allowed = recompute == "allowed"
-        costs = data.get("output_costs")
-        if costs is None and "save_cost" in data and len(outputs) == 1:
-            costs = (int(data["save_cost"]),)
-        op_flops[node] = int(data.get("flops", 0))
-        for k, (name, nbytes) in enumerate(zip(outputs, sizes)):
+            allowed = op.recompute == "allowed"
+        op_flops[op.id] = op.flops
+        for k, (name, nbytes) in enumerate(zip(op.outputs, op.output_bytes)):
             if tensors is not None:
                 info = tensors.get(name)
                 if info is not None and info.kind in ("param", "input"):
-                    free_values.add(name)
                     continue
                 cost = _trace_save_cost(name, tensors, held)
             else:
-                cost = int(costs[k]) if costs is not None else nbytes
-            if cost < 0:
-                raise GraphError(f"node {node!r}: negative size for value {name!r}")
+                cost = op.output_costs[k] if op.output_costs is not None else nbytes
+            if cost < 0 or nbytes < 0:
+                raise GraphError(f"node {op.id!r}: negative size for value {name!r}")
             value_index[name] = len(values)
             values.append(name)
             save_cost[name] = cost
             value_bytes[name] = nbytes
-            producer[name] = node
+            producer[name] = op.id
             if not allowed:
                 pinned.add(name)
-            if data.get("savable") is False:
+            if not op.savable:
                 unsavable.add(name)
 
     tails: list[int] = []
     heads: list[int] = []
     caps: list[int] = []
-
-    def edge(a: int, b: int, c: int) -> None:
-        tails.append(a)
-        heads.append(b)
-        caps.append(c)
-
     for name, i in value_index.items():
-        edge(2 + 2 * i, 3 + 2 * i, INFINITE if name in unsavable else save_cost[name])
+        tails.append(2 + 2 * i)
+        heads.append(3 + 2 * i)
+        caps.append(INFINITE if name in unsavable else save_cost[name])
         if name in pinned:
-            edge(SOURCE, 2 + 2 * i, INFINITE)
+            tails.append(SOURCE)
+            heads.append(2 + 2 * i)
+            caps.append(INFINITE)
 
     reads: dict[Hashable, tuple[str, ...]] = {}
     backward_reads: set[str] = set()
-    for node, data in graph.nodes(data=True):
-        if data.get("kind") == "return":
+    for op in ops:
+        if op.kind == "return":
             continue
-        read: dict[str, None] = {}
-        for pred in graph.predecessors(node):
-            carried = graph.edges[pred, node].get("tensors")
-            names = carried if carried is not None else node_outputs.get(pred, ())
-            for name in names:
-                if name in value_index:
-                    read[name] = None
+        # Names are matched with their producer: a backward region may recompute a forward value under
+        # the forward's name (Thunder does this); reading that copy is not a read of the forward value.
+        read = tuple(
+            dict.fromkeys(
+                name
+                for name, src in zip(op.inputs, op.input_nodes)
+                if name in value_index and producer[name] == src
+            )
+        )
         if not read:
             continue
-        read_names = tuple(read)
-        if data["phase"] == "forward":
-            reads[node] = read_names
-            for out in node_outputs.get(node, ()):
-                if out not in value_index:
+        if op.phase == "forward":
+            reads[op.id] = read
+            for out in op.outputs:
+                j = value_index.get(out)
+                if j is None:
                     continue
-                for name in read_names:
-                    edge(3 + 2 * value_index[name], 2 + 2 * value_index[out], INFINITE)
+                for name in read:
+                    tails.append(3 + 2 * value_index[name])
+                    heads.append(2 + 2 * j)
+                    caps.append(INFINITE)
         else:
-            for name in read_names:
+            for name in read:
                 backward_reads.add(name)
-                edge(3 + 2 * value_index[name], SINK, INFINITE)
+                tails.append(3 + 2 * value_index[name])
+                heads.append(SINK)
+                caps.append(INFINITE)
 
     return FlowProblem(
         values=values,

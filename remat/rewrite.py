@@ -14,12 +14,13 @@
   that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``).
 
 Recomputed prims inside a region keep their forward names, as Thunder's own rematerialization does:
-they are internal to the region and invisible to the split.  All regions are renumbered
-``nvFusion0..N`` in trace order.
+they are internal to the region and invisible to the split.  Regions keep their names (so a plan reads
+as "nvFusion12 now also recomputes ..."); new recompute regions are numbered after the largest one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -53,17 +54,22 @@ def _keeps_side_effects(bsym: BoundSymbol, kind: str) -> bool:
     return kind in _SIDE_EFFECT_KINDS or has_tags(bsym, {prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE})
 
 
-class _Renumber:
-    """Gives every region of the new trace a unique name in trace order."""
+class _RegionNames:
+    """Regions keep their names; new recompute regions get fresh ``nvFusionN`` names after the largest
+    existing N (fusion names must be unique within a trace: they key its call context)."""
 
-    def __init__(self, executor: RegionExecutor):
+    def __init__(self, executor: RegionExecutor, trace: TraceCtx):
         self.executor = executor
-        self.count = 0
+        taken = [int(m.group(1)) for b in trace.bound_symbols if b.sym.is_fusion for m in [re.search(r"(\d+)$", b.sym.name)] if m]
+        self.next = max(taken, default=-1) + 1
 
-    def region(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]) -> BoundSymbol:
-        name = f"nvFusion{self.count}"
-        self.count += 1
+    def new_region(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]) -> BoundSymbol:
+        name = f"nvFusion{self.next}"
+        self.next += 1
         return make_region(self.executor, name, bsyms, inputs, outputs)
+
+    def rebuild(self, original: BoundSymbol, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]) -> BoundSymbol:
+        return make_region(self.executor, original.sym.name, bsyms, inputs, outputs)
 
 
 def apply_plan(
@@ -74,10 +80,10 @@ def apply_plan(
     executor: RegionExecutor | None = None,
 ) -> RewriteResult:
     """Rewrite ``trace`` (the trace ``graph`` was built from) to follow ``plan``."""
-    if graph.op_bsyms is None or graph.unit_bsyms is None:
+    if graph.ops is None or graph.op_bsyms is None or graph.unit_bsyms is None:
         raise ValueError("apply_plan needs a FusionGraph built from a trace (FusionGraph.from_trace)")
     executor = executor or default_region_executor()
-    nodes = graph.nx.nodes
+    ops_by_id = graph.ops
     tensors = graph.tensors
     saved = set(plan.saved)
     recomputed = set(plan.recomputed_values)
@@ -97,7 +103,7 @@ def apply_plan(
             continue
         bsym = graph.unit_bsyms[unit.index]
         if unit.kind != "region":
-            kind = nodes[unit.nodes[0]]["kind"] if unit.nodes else ""
+            kind = ops_by_id[unit.nodes[0]].kind if unit.nodes else ""
             if unit.kind in ("input",) or _keeps_side_effects(bsym, kind) or any(o in needed for o in unit.outputs):
                 forward_keep[unit.index] = None  # keep as is
                 needed.update(p.name for p in bsym.flat_proxy_args)
@@ -130,7 +136,7 @@ def apply_plan(
             if node in ops:
                 continue
             ops.add(node)
-            for read in nodes[node]["inputs"]:
+            for read in ops_by_id[node].inputs:
                 read_info = tensors.get(read)
                 if read_info is None or read_info.kind != "activation" or read in saved or read in seen:
                     continue
@@ -141,7 +147,7 @@ def apply_plan(
         return sorted(ops)
 
     new_trace = from_trace(trace)
-    renumber = _Renumber(executor)
+    names = _RegionNames(executor, trace)
     new_bsyms: list[BoundSymbol] = []
     extra_flops = 0
     recompute_regions = 0
@@ -163,42 +169,45 @@ def apply_plan(
             if not kept or not outputs:
                 continue
             out_proxies = _proxies_by_name(kept, outputs, order_from=bsym)
+            if len(kept) == len(bsym.subsymbols) and [p.name for p in out_proxies] == [p.name for p in bsym.flat_proxy_outs]:
+                new_bsyms.append(bsym)  # unchanged
+                continue
             inputs, _ = region_io(kept, outputs)
-            new_bsyms.append(renumber.region(kept, inputs, out_proxies))
+            new_bsyms.append(names.rebuild(bsym, kept, inputs, out_proxies))
             continue
 
         reads = [name for name in unit.inputs if name in recomputed]
         if not reads:
-            if unit.kind == "region":
-                new_bsyms.append(renumber.region(bsym.subsymbols, bsym.args, bsym.output))
-            else:
-                new_bsyms.append(bsym)
+            new_bsyms.append(bsym)
             continue
 
         ops = closure(reads)
         recompute_bsyms = [graph.op_bsyms[n] for n in ops]
-        extra_flops += sum(nodes[n]["flops"] for n in ops)
+        extra_flops += sum(ops_by_id[n].flops for n in ops)
         if unit.kind == "region":
             subsymbols = recompute_bsyms + list(bsym.subsymbols)
             outputs = list(bsym.output)
             inputs, _ = region_io(subsymbols, [p.name for p in outputs])
-            new_bsyms.append(renumber.region(subsymbols, inputs, outputs))
+            new_bsyms.append(names.rebuild(bsym, subsymbols, inputs, outputs))
             continue
 
-        # A stand-alone backward op: recompute in a new region right before it, under fresh names.
+        # A stand-alone backward op: recompute in a new region right before it.  The region hands each
+        # value out under a fresh name (a no-op shallow copy), since a region writing a forward name would
+        # be taken for a forward unit by Thunder's split.
         swap: dict = {}
+        copies: list[BoundSymbol] = []
         with tracectx(new_trace):
-            for op in recompute_bsyms:
-                for p in op.flat_proxy_outs:
-                    if isinstance(p, TensorProxy) and variableify(p) not in swap:
-                        swap[variableify(p)] = TensorProxy(like=p)
-        renamed = [op.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=False) for op in recompute_bsyms]
-        fresh_outputs = [swap[variableify(_find_proxy(recompute_bsyms, name))] for name in reads]
-        inputs, _ = region_io(renamed, [p.name for p in fresh_outputs])
-        new_bsyms.append(renumber.region(renamed, inputs, fresh_outputs))
+            for name in reads:
+                original = _find_proxy(recompute_bsyms, name)
+                fresh = TensorProxy(like=original)
+                copies.append(prims.shallow_copy.bind(original, output=fresh))
+                swap[variableify(original)] = fresh
+        region_bsyms = recompute_bsyms + copies
+        fresh_outputs = [c.output for c in copies]
+        inputs, _ = region_io(region_bsyms, [p.name for p in fresh_outputs])
+        new_bsyms.append(names.new_region(region_bsyms, inputs, fresh_outputs))
         recompute_regions += 1
-        read_swap = {variableify(_find_proxy(recompute_bsyms, name)): swap[variableify(_find_proxy(recompute_bsyms, name))] for name in reads}
-        new_bsyms.append(bsym.from_bsym_swap_proxies(read_swap, skip_output=True, skip_subsymbols=False))
+        new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
 
     new_bsyms, hoisted = hoist_view_outputs(new_bsyms, executor)
     new_trace.bound_symbols = new_bsyms

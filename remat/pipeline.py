@@ -12,7 +12,6 @@ import warnings
 from dataclasses import dataclass, field
 
 from remat import _compat
-from remat._util import paused_gc
 from remat.errors import RematError
 from remat.graph import FusionGraph
 from remat.memory import MemoryProfile, profile_graph
@@ -86,8 +85,7 @@ def optimize(
     if not isinstance(trace, TraceCtx):
         hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
         raise TypeError(f"optimize expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
-    with paused_gc():
-        return _optimize(trace, memory_budget, policy=policy, backend=backend, strict=strict)
+    return _optimize(trace, memory_budget, policy=policy, backend=backend, strict=strict)
 
 
 def _optimize(
@@ -109,7 +107,7 @@ def _optimize(
 
         raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
     before = profile_graph(graph)
-    step_flops = sum(graph.nx.nodes[n]["flops"] for n in graph.nx)
+    step_flops = sum(op.flops for op in graph.ops)
     policy = policy or RecomputePolicy()
 
     def fallback(reason: str) -> Result:
@@ -119,7 +117,7 @@ def _optimize(
         return Result(trace, None, before, before, graph, 0, step_flops, time.perf_counter() - start, False, [reason], trace)
 
     try:
-        problem = build_problem(graph.nx, policy, validate=False)
+        problem = build_problem(graph, policy)
         cut = min_cut(problem, backend)
         plan = plan_from_cut(problem, cut, policy)
     except RematError as exc:
@@ -130,7 +128,7 @@ def _optimize(
         if strict:
             raise
         return fallback(f"rewrite failed: {type(exc).__name__}: {exc}")
-    after = profile_graph(FusionGraph.from_trace(rewritten.trace))
+    after = profile_graph(FusionGraph.from_trace(rewritten.trace, ops=False))
     if after.peak_bytes > before.peak_bytes:
         return fallback(
             f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "
