@@ -33,7 +33,15 @@ class OptimizationWarning(UserWarning):
 
 @dataclass
 class Result:
-    """What :func:`optimize` did.  ``trace`` is the optimized (or, on fallback, the original) trace."""
+    """What :func:`optimize` did.
+
+    ``trace``: the optimized trace (on fallback, the original).  ``plan``: the :class:`~remat.Plan`
+    (None on fallback).  ``before`` / ``after``: :class:`~remat.MemoryProfile` of the original and the
+    optimized trace.  ``graph``: the :class:`~remat.FusionGraph` of the original trace (the plan's node
+    ids refer to it).  ``extra_flops``: FLOPs the backward now recomputes (counted per placement);
+    ``step_flops``: FLOPs of the original step.  ``placements``: region -> recomputed op nodes.
+    ``applied``: False when the trace was left as it was; ``notes`` says why (or what else happened).
+    """
 
     trace: TraceCtx
     plan: Plan | None
@@ -46,6 +54,8 @@ class Result:
     applied: bool = True
     notes: list[str] = field(default_factory=list)
     original: TraceCtx | None = None
+    #: region of ``trace`` -> op nodes of ``graph`` it recomputes (new recompute regions included)
+    placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def summary(self) -> str:
         mib = 2**20
@@ -146,4 +156,5 @@ def _optimize(
         applied=True,
         notes=rewritten.notes,
         original=trace,
+        placements=rewritten.placements,
     )

@@ -44,10 +44,14 @@ _SIDE_EFFECT_KINDS = frozenset({"copy_", "get_and_update_rng_state", "update_ali
 
 @dataclass
 class RewriteResult:
+    """``placements`` maps each region of the new trace that recomputes something to the op nodes (ids
+    in the original graph) it recomputes; ``recompute_regions`` counts the new regions."""
+
     trace: TraceCtx
     extra_flops: int
     recompute_regions: int
     notes: list[str] = field(default_factory=list)
+    placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _keeps_side_effects(bsym: BoundSymbol, kind: str) -> bool:
@@ -151,6 +155,7 @@ def apply_plan(
     new_bsyms: list[BoundSymbol] = []
     extra_flops = 0
     recompute_regions = 0
+    placements: dict[str, tuple[int, ...]] = {}
     unit_of_bsym = {id(b): i for i, b in enumerate(graph.unit_bsyms)}
 
     for bsym in trace.bound_symbols:
@@ -189,6 +194,7 @@ def apply_plan(
             outputs = list(bsym.output)
             inputs, _ = region_io(subsymbols, [p.name for p in outputs])
             new_bsyms.append(names.rebuild(bsym, subsymbols, inputs, outputs))
+            placements[bsym.sym.name] = tuple(ops)
             continue
 
         # A stand-alone backward op: recompute in a new region right before it.  The region hands each
@@ -205,7 +211,9 @@ def apply_plan(
         region_bsyms = recompute_bsyms + copies
         fresh_outputs = [c.output for c in copies]
         inputs, _ = region_io(region_bsyms, [p.name for p in fresh_outputs])
-        new_bsyms.append(names.new_region(region_bsyms, inputs, fresh_outputs))
+        region = names.new_region(region_bsyms, inputs, fresh_outputs)
+        new_bsyms.append(region)
+        placements[region.sym.name] = tuple(ops)
         recompute_regions += 1
         new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
 
@@ -218,7 +226,7 @@ def apply_plan(
         )
     )
     notes = [f"{hoisted} region outputs that were views of other outputs now alias them"] if hoisted else []
-    return RewriteResult(new_trace, extra_flops, recompute_regions, notes)
+    return RewriteResult(new_trace, extra_flops, recompute_regions, notes, placements)
 
 
 # Shape prims that PyTorch always runs as views, and reshape, a view of a contiguous tensor.
