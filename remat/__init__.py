@@ -21,3 +21,5 @@ from remat.fuse import NvFuserPolicy, fuse  # noqa: E402
 from remat.problem import RecomputePolicy  # noqa: E402
 from remat.plan import Plan, solve  # noqa: E402
 from remat.pipeline import OptimizationWarning, Result, optimize  # noqa: E402
+from remat.executor import RematExecutor, executor, executor_of, jit  # noqa: E402
+from remat import nvfuser  # noqa: E402

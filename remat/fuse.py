@@ -40,18 +40,25 @@ class NvFuserPolicy:
     """Which operations may join a fusion region.
 
     ``linear`` / ``matmul``: let nvFuser take linear layers / matmuls (its ``nv_enable_linear`` and
-    ``nv_enable_matmul`` options).  ``sdpa``: let regions take attention kernels.  ``shape_only_regions``:
-    fuse runs made only of shape ops (nvFuser's ``nv_enable_shape_only_fusion``).
+    ``nv_enable_matmul`` options); ``"auto"`` lets :class:`remat.executor.RematExecutor` try both and keep
+    the lower estimated peak (:func:`fuse` itself treats ``"auto"`` as False).  ``sdpa``: let regions take
+    attention kernels.  ``shape_only_regions``: fuse runs made only of shape ops (nvFuser's
+    ``nv_enable_shape_only_fusion``).
     """
 
-    linear: bool = False
-    matmul: bool = False
+    linear: bool | str = False
+    matmul: bool | str = False
     sdpa: bool = False
     shape_only_regions: bool = False
 
+    def __post_init__(self) -> None:
+        for field_name in ("linear", "matmul"):
+            if getattr(self, field_name) not in (True, False, "auto"):
+                raise ValueError(f"NvFuserPolicy.{field_name} must be True, False or 'auto'")
+
     def can_fuse_kind(self, kind: str) -> bool:
         if kind in NVFUSER_MATMUL_PRIMS:
-            return self.linear if kind == "linear" else self.matmul
+            return (self.linear if kind == "linear" else self.matmul) is True
         if kind in NVFUSER_FUSIBLE_PRIMS:
             return True
         return self.sdpa and is_attention(kind)

@@ -32,9 +32,9 @@ NVFUSER_REDUCTION_PRIMS = frozenset("amax amin prod sum var var_mean".split())
 NVFUSER_SHAPE_PRIMS = frozenset(
     "broadcast_in_dim cat pad reshape slice squeeze transpose stride_order shape".split()
 )
-NVFUSER_OTHER_PRIMS = frozenset(
-    "full iota uniform uniform_philox take take_along_axis index_put scatter embedding copy_".split()
-)
+# nvFuser also takes copy_, index_put and scatter; remat leaves these in-place / scattering ops outside
+# regions (they run as stand-alone torch ops), so that regions stay pure functions it can move.
+NVFUSER_OTHER_PRIMS = frozenset("full iota uniform uniform_philox take take_along_axis embedding".split())
 NVFUSER_MATMUL_PRIMS = frozenset({"linear", "matmul"})
 NVFUSER_FUSIBLE_PRIMS = (
     NVFUSER_ELEMENTWISE_PRIMS

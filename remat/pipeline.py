@@ -132,6 +132,10 @@ def _optimize(
         plan = plan_from_cut(problem, cut, policy)
     except RematError as exc:
         return fallback(f"solver: {exc}")
+    except Exception as exc:  # a solver bug must never break the user's training step
+        if strict:
+            raise
+        return fallback(f"solver failed: {type(exc).__name__}: {exc}")
     try:
         rewritten = apply_plan(trace, graph, plan)
     except Exception as exc:  # a rewrite bug must never break the user's training step

@@ -25,15 +25,22 @@ from thunder.extend import FUEL_LEVEL, FusionExecutor  # noqa: E402
 __all__ = ["RegionExecutor", "make_region", "region_io", "default_region_executor"]
 
 
+BACKENDS = ("auto", "torch", "nvfuser")
+
+
 class RegionExecutor(FusionExecutor):
-    """The executor owning remat's regions.  ``backend`` picks what runs them (``"torch"`` here;
-    :class:`remat.executor.RematExecutor` adds nvFuser)."""
+    """The executor owning remat's regions.  ``backend`` picks what runs them: ``"torch"`` (the CPU
+    reference: Thunder's torch executor, op by op), ``"nvfuser"`` (emitted FusionDefinitions, see
+    :mod:`remat.nvfuser`) or ``"auto"`` (nvFuser where it imports and CUDA is available, else torch;
+    with one warning when nvFuser is installed but unusable)."""
 
     def __init__(self, name: str = "remat", *, backend: str = "torch") -> None:
         from remat import __version__
 
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown region backend {backend!r}; choose one of {BACKENDS}")
         super().__init__(name, version=__version__)
-        self.backend = backend
+        self.backend = _resolve_backend(backend)
         for prim in NVFUSER_FUSIBLE_PRIMS:
             prim_id = getattr(prims.PrimIDs, prim.upper(), None)
             if prim_id is not None:
@@ -45,10 +52,15 @@ class RegionExecutor(FusionExecutor):
     def set_fuel(self, value: int | FUEL_LEVEL) -> None:
         pass
 
-    def region_callable(self, name: str, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]):
+    def region_callable(self, region: BoundSymbol):
         from remat.backends import TorchRegionCallable
 
-        return TorchRegionCallable(name, bsyms, inputs, outputs)
+        reference = TorchRegionCallable(region.sym.name, region.subsymbols, region.args, region.output)
+        if self.backend == "nvfuser":
+            from remat.nvfuser import NvFuserRegionCallable
+
+            return NvFuserRegionCallable(region, fallback=reference)
+        return reference
 
     def fuse(self, region, fusion_counter: int) -> BoundSymbol:
         """Thunder's hook (``update_fusion_call_ctx``): rebuild a region from its parts."""
@@ -75,9 +87,30 @@ def make_region(
     outputs: Sequence[Proxy],
 ) -> BoundSymbol:
     """A fusion bound symbol ``outputs = name(*inputs)`` running ``bsyms``."""
-    fn = executor.region_callable(name, bsyms, inputs, outputs)
     sym = Symbol(name, meta=None, is_fusion=True, executor=executor)
-    return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), tuple(bsyms), _call_ctx={name: fn})
+    call_ctx: dict = {}
+    region = BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), tuple(bsyms), _call_ctx=call_ctx)
+    call_ctx[name] = executor.region_callable(region)  # the callable needs the region it runs
+    return region
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        if backend == "nvfuser":
+            from remat.nvfuser import available
+
+            if not available():
+                raise RuntimeError("backend='nvfuser' needs nvfuser_direct and a CUDA device; use backend='auto' or 'torch'")
+        return backend
+    from remat.nvfuser import available, version
+
+    if available():
+        return "nvfuser"
+    if version() is not None:
+        import warnings
+
+        warnings.warn("nvFuser is installed but CUDA is not available: remat runs regions with the torch executor", stacklevel=3)
+    return "torch"
 
 
 def region_io(

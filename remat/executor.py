@@ -1,0 +1,223 @@
+"""remat inside ``thunder.jit``: a fusion executor that forms regions, plans one global cut, and runs.
+
+``remat.executor(...)`` returns a :class:`RematExecutor` for ``thunder.jit(fn, executors=[...])``;
+``remat.jit(fn, ...)`` is ``thunder.jit`` with it (and the attention executors) in place of nvFuser.
+
+Thunder hands a fusion executor's ``fusion_pass`` the joint forward+backward trace, after autodiff and
+before the split into forward and backward (see :mod:`remat.trace`).  ``RematExecutor.fusion_pass``:
+
+1. flattens the bound symbols it claimed to prims (as nvFuser does);
+2. forms regions (:func:`remat.fuse`) with the executor's :class:`~remat.NvFuserPolicy`;
+3. for a training trace, plans and applies one global rematerialization (:func:`remat.optimize`);
+   an inference trace (no backward) is only fused;
+4. returns the trace; regions run with nvFuser (GPU) or the torch reference (CPU).
+
+Linear and matmul: with ``linear="auto"`` / ``matmul="auto"`` in the policy (the executor's default
+where the installed nvFuser runs them, see :func:`remat.nvfuser.linear_supported`), the executor plans
+each variant (matmuls outside regions, linear in regions, linear and matmul in regions) and keeps the
+one with the lowest estimated peak; on a tie, the one with fewer matmuls in regions.  The decision is
+made per trace, not per region.
+
+Nothing breaks ``thunder.jit``: if fusing fails the trace is returned as Thunder gave it (its prims then
+run with Thunder's torch executor); if planning fails the fused trace is used; each with one warning.
+``strict=True`` raises instead.  The last compilation's :class:`remat.Result` is kept in
+``executor.last_result``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from remat import _compat
+from remat.errors import RematError
+from remat.fuse import NvFuserPolicy, fuse
+from remat.pipeline import OptimizationWarning, Result, optimize
+from remat.problem import RecomputePolicy
+from remat.regions import RegionExecutor
+
+_compat.import_thunder()
+
+import thunder  # noqa: E402
+from thunder.core.symbol import BoundSymbol  # noqa: E402
+from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
+
+__all__ = ["RematExecutor", "executor", "executor_of", "jit"]
+
+
+class RematExecutor(RegionExecutor):
+    """A Thunder fusion executor running remat's fusion + global rematerialization (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        memory_budget: int | float | None = None,
+        backend: str = "auto",
+        policy: NvFuserPolicy | None = None,
+        recompute: RecomputePolicy | None = None,
+        strict: bool = False,
+        name: str = "remat",
+    ) -> None:
+        super().__init__(name, backend=backend)
+        if memory_budget is not None and (not isinstance(memory_budget, (int, float)) or memory_budget <= 0):
+            raise ValueError(f"memory_budget must be a positive number of bytes or a fraction, got {memory_budget!r}")
+        if policy is not None and not isinstance(policy, NvFuserPolicy):
+            raise TypeError(f"policy must be a remat.NvFuserPolicy, got {type(policy).__name__}")
+        if recompute is not None and not isinstance(recompute, RecomputePolicy):
+            raise TypeError(f"recompute must be a remat.RecomputePolicy, got {type(recompute).__name__}")
+        if policy is None:
+            from remat.nvfuser import linear_supported
+
+            auto = "auto" if (self.backend == "torch" or linear_supported()) else False
+            policy = NvFuserPolicy(linear=auto, matmul=auto)
+        self.policy = policy
+        self.recompute = recompute
+        self.memory_budget = memory_budget
+        self.strict = strict
+        self.last_result: Result | None = None
+        self.last_seconds: float = 0.0
+        self.notes: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"RematExecutor(backend={self.backend!r}, policy={self.policy}, memory_budget={self.memory_budget})"
+
+    # Thunder calls this with the joint trace
+    def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
+        start = time.perf_counter()
+        self.notes = []
+        flat = from_trace(trace)
+        flat.bound_symbols = _flatten_claimed(self, trace.bound_symbols)
+        try:
+            result_trace = self._fuse_and_optimize(flat)
+        except Exception as exc:
+            if self.strict:
+                raise
+            warnings.warn(
+                f"remat could not fuse this trace and left it as Thunder made it ({type(exc).__name__}: {exc})",
+                OptimizationWarning,
+                stacklevel=2,
+            )
+            self.notes.append(f"fusion failed: {exc}")
+            result_trace = flat
+        self.last_seconds = time.perf_counter() - start
+        return result_trace
+
+    def _fuse_and_optimize(self, flat: TraceCtx) -> TraceCtx:
+        from remat.trace import is_joint_trace
+
+        variants = _policy_variants(self.policy)
+        if not is_joint_trace(flat):  # inference: nothing to rematerialize
+            return fuse(flat, variants[0], executor=self)
+        best: Result | None = None
+        for variant in variants:
+            fused = fuse(flat, variant, executor=self)
+            with warnings.catch_warnings():
+                if len(variants) > 1:
+                    warnings.simplefilter("ignore", OptimizationWarning)
+                result = optimize(fused, self.memory_budget, policy=self.recompute, strict=self.strict)
+            result.notes.append(f"regions: {variant}")
+            if best is None or result.after.peak_bytes < best.after.peak_bytes:
+                best = result
+        assert best is not None
+        if not best.applied and len(variants) > 1:
+            warnings.warn(f"remat left the trace as it was: {best.notes[0]}", OptimizationWarning, stacklevel=3)
+        self.last_result = best
+        return best.trace
+
+
+def _policy_variants(policy: NvFuserPolicy) -> list[NvFuserPolicy]:
+    """Concrete policies to try for 'auto' fields: first without matmuls in regions (the fastest to
+    plan and Thunder's default), then linear, then linear and matmul."""
+    if policy.linear != "auto" and policy.matmul != "auto":
+        return [policy]
+    variants = [replace(policy, linear=False if policy.linear == "auto" else policy.linear, matmul=False if policy.matmul == "auto" else policy.matmul)]
+    if policy.linear == "auto":
+        variants.append(replace(variants[0], linear=True))
+    if policy.matmul == "auto":
+        variants.append(replace(variants[-1], matmul=True))
+    return variants
+
+
+def _flatten_claimed(ex: RegionExecutor, bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
+    """Replace bound symbols the executor claimed whole (e.g. ``ltorch.gelu``) by the prims it can run."""
+    flat: list[BoundSymbol] = []
+
+    def visit(bsym: BoundSymbol) -> None:
+        if ex.can_execute(bsym) or not bsym.subsymbols:
+            flat.append(bsym)
+            return
+        for sub in bsym.subsymbols:
+            visit(sub)
+
+    for bsym in bsyms:
+        if ex.can_fuse(bsym) and not ex.can_execute(bsym):
+            visit(bsym)
+        else:
+            flat.append(bsym)
+    return flat
+
+
+def executor(
+    memory_budget: int | float | None = None,
+    backend: str = "auto",
+    policy: NvFuserPolicy | None = None,
+    *,
+    recompute: RecomputePolicy | None = None,
+    strict: bool = False,
+) -> RematExecutor:
+    """A :class:`RematExecutor` for ``thunder.jit(fn, executors=[..., remat.executor()])``.
+
+    ``backend``: ``"auto"`` (nvFuser on CUDA, else the torch reference), ``"nvfuser"`` or ``"torch"``.
+    ``policy``: which ops join regions (default: linear/matmul decided by estimated peak where nvFuser
+    runs them).  ``recompute``: what may be recomputed (:class:`remat.RecomputePolicy`).
+    ``memory_budget``: see :func:`remat.optimize`.
+    """
+    return RematExecutor(memory_budget=memory_budget, backend=backend, policy=policy, recompute=recompute, strict=strict)
+
+
+def default_executors(remat_executor: RematExecutor) -> list[Any]:
+    """Thunder's attention executors (cuDNN where present, then sdpa), remat's CPU attention executor,
+    then ``remat_executor``: Thunder's GPU default list with remat in nvFuser's place."""
+    from remat.attention import attention_executor
+
+    preferred = [ex for ex in thunder.get_default_executors() if ex.name in ("cudnn", "sdpa")]
+    return [*preferred, attention_executor, remat_executor]
+
+
+def jit(
+    fn: Callable,
+    memory_budget: int | float | None = None,
+    backend: str = "auto",
+    policy: NvFuserPolicy | None = None,
+    *,
+    recompute: RecomputePolicy | None = None,
+    strict: bool = False,
+    **jit_options: Any,
+):
+    """``thunder.jit(fn)`` with remat's executor in place of nvFuser (see :func:`executor`).
+
+    Extra keyword arguments go to ``thunder.jit``.  The executor is reachable as
+    ``remat.executor_of(jitted)`` to inspect ``last_result`` (the plan of the last compilation).
+    """
+    if not callable(fn):
+        raise TypeError(f"remat.jit expects a torch.nn.Module or a callable, got {type(fn).__name__}")
+    if "executors" in jit_options:
+        raise TypeError("remat.jit chooses the executors; use thunder.jit(fn, executors=[..., remat.executor()]) to pick your own")
+    ex = executor(memory_budget, backend, policy, recompute=recompute, strict=strict)
+    jitted = thunder.jit(fn, executors=default_executors(ex), **jit_options)
+    try:
+        jitted._remat_executor = ex
+    except AttributeError:  # pragma: no cover - objects that refuse attributes
+        pass
+    return jitted
+
+
+def executor_of(jitted: Any) -> RematExecutor:
+    """The :class:`RematExecutor` behind a function or module made by :func:`jit`."""
+    ex = getattr(jitted, "_remat_executor", None)
+    if ex is None:
+        raise TypeError("this object was not made by remat.jit")
+    return ex
