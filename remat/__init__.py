@@ -23,3 +23,4 @@ from remat.plan import Plan, solve  # noqa: E402
 from remat.pipeline import OptimizationWarning, Result, optimize  # noqa: E402
 from remat.executor import RematExecutor, executor, executor_of, jit  # noqa: E402
 from remat import nvfuser  # noqa: E402
+from remat import viz  # noqa: E402

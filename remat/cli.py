@@ -104,6 +104,13 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if worst <= 1e-5 else 1
 
 
+def run_report(args: argparse.Namespace) -> int:
+    """``python -m remat report``: see :mod:`remat.report`."""
+    from remat.report import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m remat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--layers", type=int, default=2)
     demo.add_argument("--seq", type=int, default=256)
     demo.set_defaults(func=run_demo)
+    report = sub.add_parser(
+        "report",
+        help="write report.md, pictures and nvFuser definitions for a LitGPT config",
+        description="Trace a LitGPT config (full width on the meta device: no memory, no math), optimize it, "
+        "and write report.md (before/after table), cut.png/svg, timeline.png/svg, cut.dot and "
+        "definitions/<region>.py into --out.",
+    )
+    report.add_argument("--model", required=True, help="LitGPT config name, e.g. stablecode-completion-alpha-3b")
+    report.add_argument("--layers", type=int, default=2)
+    report.add_argument("--seq", type=int, default=4096)
+    report.add_argument("--budget", default=None, help="memory budget: a fraction of the estimated peak (0.8) or a size (600MiB)")
+    report.add_argument("--out", required=True, help="directory to write into (created if needed)")
+    report.add_argument("--width", choices=("full", "demo"), default="full", help="full config, or shrunk to n_embd 128 (fast)")
+    report.add_argument("--device", default="meta", help="device the model is built on (meta: tracing only)")
+    report.set_defaults(func=run_report)
     args = parser.parse_args(argv)
     return args.func(args)
 

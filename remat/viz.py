@@ -183,20 +183,29 @@ def layer_of_units(graph: FusionGraph, new_regions: Sequence[int] = ()) -> Layer
         if any(n in layer_of_param for n in reads):
             seen_layer = True
     rank: dict[int, int | None] = {}
+    strong: set[int] = set()
     for unit in order:
         ranks = [dense[layer_of_param[n]] for n in unit.inputs if n in layer_of_param]
+        if ranks:
+            strong.add(unit.index)
         ranks += [unnumbered_rank[n] for n in unit.inputs if n in unnumbered_rank]
         rank[unit.index] = max(ranks) if ranks else None
     new = set(new_regions)
     for phase in (FORWARD, BACKWARD):
-        seq = [u.index for u in order if u.phase == phase]
-        # New recompute regions take the rank of what they feed (the next unit with a rank).
-        following = None
+        seq = [u.index for u in order if u.phase == phase and u.index not in new]
+        # Evidence from unnumbered parameters alone must respect the order of the phase (forward:
+        # layers ascending, backward: descending); where it does not (a table shared by all layers,
+        # read again in each layer's backward), the unit inherits instead.
+        later_low: int | None = None  # lowest / highest layer read by a later unit
+        later_high: int | None = None
         for index in reversed(seq):
-            if rank[index] is not None:
-                following = rank[index]
-            elif index in new and following is not None:
-                rank[index] = following
+            value = rank[index]
+            if index in strong:
+                later_low = value if later_low is None else min(later_low, value)
+                later_high = value if later_high is None else max(later_high, value)
+            elif value is not None and later_low is not None:
+                if (phase == FORWARD and value > later_low) or (phase != FORWARD and value < later_high):
+                    rank[index] = None
         previous = None
         for index in seq:
             if rank[index] is None:
@@ -207,6 +216,23 @@ def layer_of_units(graph: FusionGraph, new_regions: Sequence[int] = ()) -> Layer
             if rank[index] is None:
                 rank[index] = following
             following = rank[index]
+        # New recompute regions read forward parameters of whatever they recompute; they belong with
+        # the unit they feed (the next one), or else the one before them.
+        following = None
+        for unit in reversed(order):
+            if unit.phase != phase:
+                continue
+            if unit.index in new:
+                rank[unit.index] = following
+            else:
+                following = rank[unit.index]
+        previous = None
+        for unit in order:
+            if unit.phase != phase:
+                continue
+            if rank[unit.index] is None:
+                rank[unit.index] = previous
+            previous = rank[unit.index]
     final = {k: (v if v is not None else 0) for k, v in rank.items()}
     labels = {k: f"layer {layer}" for layer, k in dense.items()}
 
@@ -513,8 +539,10 @@ def _recompute_text(row: CutRow) -> str:
     if not row.recomputes:
         return ""
     n = len(row.recomputes)
-    if row.new_recompute_region and row.kind != "layer":
-        names = [r for r in row.recompute_regions]
+    if row.new_recompute_region and row.kind == "region":
+        return f"↻ {n} ops (new region)"
+    if row.new_recompute_region and row.kind == "op":
+        names = row.recompute_regions
         return f"↻ {n} ops in {names[0]}" + (f" +{len(names) - 1}" if len(names) > 1 else "")
     return f"↻ {n} ops"
 
@@ -640,7 +668,8 @@ def draw(
             )
         )
         detail = _row_detail(row)
-        ax.text(0.05, row.y, row.title + (f"  · {detail}" if detail else ""), va="center", ha="left",
+        text = detail if row.kind == "layer" else row.title + (f"  · {detail}" if detail else "")
+        ax.text(0.05, row.y, text, va="center", ha="left",
                 fontsize=7.5, zorder=4, clip_on=True)
         right = _recompute_text(row)
         if right:
@@ -751,25 +780,26 @@ def memory_timeline(
 
     fig = Figure(figsize=(10, 4.6), dpi=110)
     ax = fig.add_subplot(1, 1, 1)
-    boundary = None
-    for label, profile, color, style in profiles[:2][::-1] + profiles[2:]:
+    # Each trace's forward units share [0, split], its backward units [split, 1], so the phases line up
+    # although the optimized trace has more units (its recompute regions).
+    after_points = [p for p in res.after.timeline if p.name not in INPUT_KINDS]
+    forward_count = sum(1 for p in after_points if p.phase == FORWARD)
+    split = forward_count / len(after_points) if after_points else 0.5
+    boundary = split if 0 < forward_count < len(after_points) else None
+    for label, profile, color, style in profiles:
         # Input unpacks allocate nothing: leave them off the axis.
         points = [p for p in profile.timeline if p.name not in INPUT_KINDS]
         if not points:
             continue
-        n = max(len(points) - 1, 1)
-        xs = [i / n for i in range(len(points))]
+        xs = _phase_positions(points, split)
         ys = [p.live_bytes / scale for p in points]
         peak_index = max(range(len(points)), key=lambda i: points[i].live_bytes)
         peak = points[peak_index]
         full = f"{label}: peak {format_bytes(peak.live_bytes)} at {_short_op_name(peak.name)}"
         ax.plot(xs, ys, color=color, ls=style, lw=1.8, label=full, drawstyle="steps-mid")
-        ax.plot([peak_index / n], [peak.live_bytes / scale], marker="v", ms=9, color=color, mec="black", mew=0.6,
+        ax.plot([xs[peak_index]], [peak.live_bytes / scale], marker="v", ms=9, color=color, mec="black", mew=0.6,
                 ls="none", gid=f"peak:{label}", zorder=5)
         ax.axhline(peak.live_bytes / scale, color=color, lw=0.7, ls=":", zorder=1)
-        forward = sum(1 for p in points if p.phase == FORWARD)
-        if 0 < forward < len(points):
-            boundary = (forward - 0.5) / n  # the last profile drawn (the optimized one) sets it
     if boundary is not None:
         ax.axvspan(0, boundary, color=_BAND, zorder=0)
         ax.text(boundary / 2, 0.98, "forward", transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9,
@@ -778,7 +808,7 @@ def memory_timeline(
                 fontsize=9, color="#555555")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, top / scale * 1.18)
-    ax.set_xlabel("position in execution order (fraction of the trace's units)")
+    ax.set_xlabel("execution order: forward units, then backward units (each trace's own units, evenly spaced)")
     ax.set_ylabel(f"live activation bytes ({unit})")
     ax.set_title(title or "memory along one training step (memory model, parameters not counted)", fontsize=11)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.14), fontsize=8.5, frameon=False, ncol=1)
@@ -787,6 +817,17 @@ def memory_timeline(
         ax.spines[spine].set_visible(False)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.22 + 0.05 * max(len(profiles) - 2, 0))
     return fig
+
+
+def _phase_positions(points: Sequence, split: float) -> list[float]:
+    forward = [i for i, p in enumerate(points) if p.phase == FORWARD]
+    backward = [i for i, p in enumerate(points) if p.phase != FORWARD]
+    xs = [0.0] * len(points)
+    for k, i in enumerate(forward):
+        xs[i] = split * (k + 0.5) / len(forward)
+    for k, i in enumerate(backward):
+        xs[i] = split + (1 - split) * (k + 0.5) / len(backward)
+    return xs
 
 
 # ---------------------------------------------------------------------------------------------- dot

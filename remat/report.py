@@ -1,0 +1,477 @@
+"""``python -m remat report``: what remat does to one LitGPT config, as files a person can read.
+
+:func:`write_report` traces the model (on the meta device by default: proxies only, no memory, no math),
+forms nvFuser-style regions, runs Thunder 0.2.6's own ``rematerialize`` and :func:`remat.optimize` on the
+same fused trace, and writes into ``out``:
+
+``report.md``
+    the before/after table (no rematerialization, Thunder, remat), the pictures, the largest saved
+    tensors, where recomputation was placed, and the list of emitted definitions.
+``cut.png`` / ``cut.svg``
+    :func:`remat.viz.draw` of the result.
+``timeline.png`` / ``timeline.svg``
+    :func:`remat.viz.memory_timeline` with Thunder's plan as a third line.
+``pareto.png`` / ``pareto.svg``
+    only where this version of remat has ``remat.pareto``.
+``cut.dot``
+    :func:`remat.viz.to_dot` (render with ``dot -Tsvg cut.dot``).
+``definitions/<region>.py``
+    each fusion region of the optimized trace as an nvFuser ``FusionDefinition`` script
+    (:func:`remat.nvfuser.definition_source`); a region remat cannot write that way (or a remat without
+    ``remat.nvfuser``) gets ``definitions/<region>.txt`` with its Thunder subsymbols and a note.
+
+All memory figures are the analytic memory model's (docs/memory-model.md), not GPU measurements.
+Progress goes to ``log`` (one line per step, with the elapsed time).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import remat
+from remat.viz import format_bytes
+
+__all__ = ["ReportFiles", "build_model", "check_config_name", "parse_budget", "region_definition", "write_report", "BudgetError"]
+
+VOCAB = 512  # the anchors in DESIGN.md use vocab 512
+
+
+class BudgetError(remat.RematError):
+    """``--budget`` was given but this version of remat cannot plan for a memory budget."""
+
+
+@dataclass
+class ReportFiles:
+    """What :func:`write_report` wrote (paths) and the result it drew."""
+
+    out: Path
+    report: Path
+    pictures: list[Path] = field(default_factory=list)
+    definitions: list[Path] = field(default_factory=list)
+    dot: Path | None = None
+    result: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_budget(text: str | float | int | None) -> int | float | None:
+    """``"0.8"`` -> 0.8 (a fraction of the un-optimized estimated peak); ``"600MiB"``, ``"1.5GiB"``,
+    ``"629145600"`` -> bytes (int).  Raises ValueError for anything else."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMG]i?B|B)?\s*", text)
+        if not match:
+            raise ValueError(f"cannot read budget {text!r}: give a fraction like 0.8 or a size like 600MiB")
+        number, suffix = float(match.group(1)), (match.group(2) or "")
+        factor = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[suffix]
+        if number <= 0:
+            raise ValueError(f"budget must be positive, got {text!r}")
+        if not suffix and number <= 1:
+            return number
+        value = int(number * factor)
+    if value <= 0:
+        raise ValueError(f"budget must be positive, got {text!r}")
+    return value
+
+
+def check_config_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is a LitGPT config name."""
+    from litgpt import Config
+
+    try:
+        Config.from_name(name)
+    except Exception as exc:  # litgpt raises ValueError with a message listing every name
+        raise ValueError(f"{name!r} is not a LitGPT config name (see litgpt.Config.from_name)") from exc
+
+
+def build_model(name: str, layers: int, seq: int, *, width: str = "full", device: str = "meta"):
+    """A LitGPT ``GPT`` for config ``name`` with ``layers`` layers and one batch of ``seq`` token ids.
+
+    ``width="full"``: the real config (bf16, vocab 512 as in the DESIGN anchors); ``width="demo"``: the
+    demo's shrunk config (n_embd 128, fp32; :func:`remat.cli.demo_model`).  Returns ``(model, idx,
+    description)``.  Raises ValueError for an unknown config name."""
+    import torch
+    from litgpt import GPT, Config
+
+    if layers < 1 or seq < 1:
+        raise ValueError(f"layers and seq must be positive, got layers={layers}, seq={seq}")
+    check_config_name(name)
+    if width == "demo":
+        from remat.cli import demo_model
+
+        model, idx = demo_model(name, layers, seq, device=device)
+        return model, idx, f"LitGPT `{name}` shrunk to n_embd 128 (demo width), {layers} layers, fp32, seq {seq}, vocab 512"
+    if width != "full":
+        raise ValueError(f"width must be 'full' or 'demo', got {width!r}")
+    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=VOCAB, padded_vocab_size=VOCAB)
+    with torch.device(device):
+        model = GPT(config).to(torch.bfloat16)
+        idx = torch.zeros(1, seq, dtype=torch.long)
+    description = (
+        f"LitGPT `{name}` at full width (n_embd {config.n_embd}, {config.n_head} heads, "
+        f"{config.n_query_groups} query groups, MLP {config.intermediate_size}), {layers} layers, bf16, "
+        f"batch 1, seq {seq}, vocab {VOCAB}"
+    )
+    return model, idx, description
+
+
+def region_definition(region) -> tuple[str, str]:
+    """``(text, suffix)`` for one fusion region: its nvFuser definition script (``".py"``) from
+    :func:`remat.nvfuser.definition_source` where remat has it and can write the region, else the
+    region's Thunder subsymbols (``".txt"``) with a first line saying why."""
+    nvfuser = getattr(remat, "nvfuser", None)
+    definition_source = getattr(nvfuser, "definition_source", None)
+    if definition_source is None:
+        reason = "remat.nvfuser.definition_source is not available in this version of remat"
+    else:
+        try:
+            return definition_source(region), ".py"
+        except Exception as exc:  # EmitError for ops remat cannot write; report, don't fail
+            reason = f"remat.nvfuser could not write this region ({type(exc).__name__}: {exc})"
+    return f"# {reason}; its Thunder subsymbols:\n{region}\n", ".txt"
+
+
+def _progress(log: Callable[[str], None], started: float) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        log(f"[{time.perf_counter() - started:6.1f} s] {message}")
+
+    return say
+
+
+def write_report(
+    model_name: str,
+    layers: int,
+    seq: int,
+    out: str | Path,
+    *,
+    budget: str | int | float | None = None,
+    width: str = "full",
+    device: str = "meta",
+    log: Callable[[str], None] = print,
+    command: str | None = None,
+) -> ReportFiles:
+    """Write the report for LitGPT config ``model_name`` into directory ``out`` (created if needed; see the
+    module docstring for the files).  ``budget`` (see :func:`parse_budget`) is passed to
+    :func:`remat.optimize` as ``memory_budget``; where this version of remat cannot plan for a budget,
+    :class:`BudgetError` is raised before anything is written.  Raises ValueError for a bad config
+    name, width, layer count or budget."""
+    import torch  # noqa: F401  (LitGPT needs it; imported here to fail early)
+
+    from remat.execute import thunder_context
+    from thunder.core.rematerialization import rematerialize
+
+    memory_budget = parse_budget(budget)
+    if memory_budget is not None and importlib.util.find_spec("remat.budget") is None:
+        raise BudgetError(
+            f"--budget {budget} needs memory-budget planning (remat.budget), which this version of remat "
+            "does not have; run without --budget for the default plan"
+        )
+    out = Path(out)
+    started = time.perf_counter()
+    say = _progress(log, started)
+    files = ReportFiles(out=out, report=out / "report.md")
+
+    say(f"building {model_name} ({width} width, {layers} layers, seq {seq}) on {device}")
+    model, idx, description = build_model(model_name, layers, seq, width=width, device=device)
+    say("tracing the joint forward+backward trace with Thunder (several seconds at full width) ...")
+    t = time.perf_counter()
+    joint = remat.training_trace(model, idx)
+    trace_seconds = time.perf_counter() - t
+    say(f"traced in {trace_seconds:.1f} s; forming nvFuser-style regions")
+    fused = remat.fuse(joint)
+
+    t = time.perf_counter()
+    with thunder_context():
+        thunder_trace = rematerialize(fused)
+    thunder_seconds = time.perf_counter() - t
+    thunder_profile = remat.estimate_memory(thunder_trace)
+    say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
+
+    try:
+        result = remat.optimize(fused, memory_budget) if memory_budget is not None else remat.optimize(fused)
+    except (ImportError, AttributeError, NotImplementedError) as exc:
+        raise BudgetError(
+            f"--budget {budget} needs memory-budget planning, which this version of remat does not have "
+            f"({type(exc).__name__}: {exc}); run without --budget for the default plan"
+        ) from exc
+    files.result = result
+    applied = "applied" if result.applied else "NOT applied"
+    say(f"remat.optimize: {result.seconds * 1e3:.0f} ms, plan {applied}")
+
+    out.mkdir(parents=True, exist_ok=True)
+    from remat import viz
+
+    fig = viz.draw(result, title=f"remat on {model_name}: what the backward keeps and what it recomputes")
+    for suffix in ("png", "svg"):
+        path = out / f"cut.{suffix}"
+        fig.savefig(path)
+        files.pictures.append(path)
+    collapse = fig.remat_layout.collapse
+    fig = viz.memory_timeline(
+        result,
+        others={"Thunder 0.2.6 rematerialize": thunder_profile},
+        title=f"{model_name}: live activation bytes along one step (memory model)",
+    )
+    for suffix in ("png", "svg"):
+        path = out / f"timeline.{suffix}"
+        fig.savefig(path)
+        files.pictures.append(path)
+    files.dot = out / "cut.dot"
+    files.dot.write_text(viz.to_dot(result))
+    pareto_note = _pareto(fused, out, files, say)
+    say(f"pictures written ({collapse} layout)")
+
+    definitions = out / "definitions"
+    definitions.mkdir(exist_ok=True)
+    for stale in list(definitions.glob("*.py")) + list(definitions.glob("*.txt")):
+        stale.unlink()
+    written_as: dict[str, str] = {}
+    for bsym in result.trace.bound_symbols:
+        if not bsym.sym.is_fusion:
+            continue
+        text, suffix = region_definition(bsym)
+        path = definitions / f"{bsym.sym.name}{suffix}"
+        path.write_text(text)
+        files.definitions.append(path)
+        written_as[bsym.sym.name] = path.name
+    say(f"{len(files.definitions)} region definitions written")
+
+    markdown = _markdown(
+        model_name, description, result, thunder_profile, thunder_seconds, trace_seconds, files, written_as,
+        collapse=collapse, pareto_note=pareto_note, budget=memory_budget, command=command,
+    )
+    files.report.write_text(markdown)
+    say(f"wrote {files.report}")
+    return files
+
+
+def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None]) -> str | None:
+    """Draw the Pareto curve where this remat has ``remat.pareto``; returns a note for report.md."""
+    pareto = getattr(remat, "pareto", None)
+    if pareto is None:
+        return None
+    try:
+        draw = getattr(pareto, "draw", None) or getattr(pareto, "plot", None)
+        compute = pareto if callable(pareto) else getattr(pareto, "pareto", None) or getattr(pareto, "curve", None)
+        if draw is not None:
+            fig = draw(compute(fused) if compute is not None else fused)
+        else:
+            fig = _pareto_figure(compute(fused))
+        for suffix in ("png", "svg"):
+            path = out / f"pareto.{suffix}"
+            fig.savefig(path)
+            files.pictures.append(path)
+        say("Pareto curve drawn")
+        return "pareto.png"
+    except Exception as exc:  # another issue's module; its absence or change must not break the report
+        note = f"Pareto curve skipped: {type(exc).__name__}: {exc}"
+        files.notes.append(note)
+        say(note)
+        return None
+
+
+def _pareto_figure(points):
+    """A scatter of (peak bytes, extra FLOPs) for points with those attributes or as pairs."""
+    from matplotlib.figure import Figure
+
+    xs, ys = [], []
+    for p in points:
+        if hasattr(p, "peak_bytes"):
+            xs.append(p.peak_bytes / 2**20)
+            ys.append(getattr(p, "extra_flops", 0))
+        else:
+            a, b = p[0], p[1]
+            xs.append(a / 2**20)
+            ys.append(b)
+    fig = Figure(figsize=(6, 4), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot(xs, ys, marker="o")
+    ax.set_xlabel("estimated peak (MiB)")
+    ax.set_ylabel("extra FLOPs")
+    ax.set_title("memory / recompute trade-off")
+    fig.tight_layout()
+    return fig
+
+
+def _markdown(
+    model_name, description, result, thunder_profile, thunder_seconds, trace_seconds, files, written_as, *,
+    collapse, pareto_note, budget, command,
+) -> str:
+    before, after = result.before, result.after
+    mib = 2**20
+    plan = result.plan
+    graph = result.graph
+    regions = sum(1 for u in graph.units if u.kind == "region")
+    recomputed = len(plan.recomputed_ops) if plan is not None else 0
+    pct = 100 * result.extra_flops / max(result.step_flops, 1)
+
+    def row(name, profile, ops, flops, seconds):
+        return (
+            f"| {name} | {profile.saved_bytes / mib:.1f} | {len(profile.saved_tensors)} | {profile.peak_bytes / mib:.1f} "
+            f"| {_short(profile.peak_unit_name)} | {ops} | {flops} | {seconds} |"
+        )
+
+    lines = [
+        f"# remat report: {model_name}",
+        "",
+        f"{description}; traced with Thunder 0.2.6 in {trace_seconds:.1f} s, {len(graph.ops)} ops in {regions} "
+        f"nvFuser-style regions (`remat.fuse`).",
+        "",
+        f"Command: `{command}`" if command else "",
+        "",
+        "**All memory figures are analytic**: the memory model of docs/memory-model.md (live tensor bytes "
+        "along the step; parameters, allocator caching and kernel workspace not counted), computed on the "
+        "trace, not measured on a GPU.",
+        "",
+        "## Before and after",
+        "",
+        "| plan | saved for the backward (MiB) | saved tensors | est. peak (MiB) | peak at | recomputed ops | extra FLOPs | planning time |",
+        "|---|---|---|---|---|---|---|---|",
+        row("no rematerialization (fused trace)", before, "-", "-", "-"),
+        row("Thunder 0.2.6 `rematerialize`", thunder_profile, "-", "-", f"{thunder_seconds * 1e3:.0f} ms"),
+        row("**remat.optimize**" + (f" (budget {budget})" if budget is not None else ""), after, recomputed,
+            f"{pct:.3f}% of the step", f"{result.seconds * 1e3:.0f} ms"),
+        "",
+        f"remat against Thunder: saved x{after.saved_bytes / max(thunder_profile.saved_bytes, 1):.3f}, "
+        f"estimated peak x{after.peak_bytes / max(thunder_profile.peak_bytes, 1):.3f}.",
+        "",
+    ]
+    if not result.applied:
+        lines += [f"**The plan was not applied**: {'; '.join(result.notes)}", ""]
+    elif result.notes:
+        lines += ["Notes from the rewrite: " + "; ".join(result.notes), ""]
+
+    lines += [
+        "## The cut",
+        "",
+        "![the cut](cut.png)",
+        "",
+        "Forward units on the left run top to bottom, backward units on the right run bottom to top, so a "
+        "layer's backward sits level with its forward (bands: layers, inferred from parameter names). Red "
+        "edges are the tensors kept for the backward, labelled at their forward end with the largest names "
+        "and the size. Orange boxes recompute forward ops (`↻ n ops`; `in nvFusionN`: a new region remat "
+        "placed before that op); `↻ n later` on a forward box: n of its ops are recomputed in the backward. "
+        f"Rows: {collapse} layout. Also as [cut.svg](cut.svg) and Graphviz source [cut.dot](cut.dot).",
+        "",
+        "## Memory along the step",
+        "",
+        "![memory timeline](timeline.png)",
+        "",
+        "Live activation bytes while each unit runs (memory model), before (nothing recomputed), after remat, "
+        "and with Thunder's own plan; triangles mark the peaks. Also as [timeline.svg](timeline.svg).",
+        "",
+    ]
+    if pareto_note:
+        lines += ["## Memory / recompute trade-off", "", f"![Pareto curve]({pareto_note})", ""]
+
+    lines += ["## Largest saved tensors (after remat)", "", "| tensor | shape | dtype | size | made by | read by |", "|---|---|---|---|---|---|"]
+    after_graph = _after_graph(result)
+    readers: dict[str, list[str]] = {}
+    for unit in after_graph.units:
+        if unit.phase == "backward" and unit.kind in ("region", "op"):
+            for name in unit.inputs:
+                info = after_graph.tensors.get(name)
+                base = (info.alias_of or name) if info is not None else name
+                readers.setdefault(base, [])
+                if unit.name not in readers[base]:
+                    readers[base].append(unit.name)
+    saved = sorted(after.saved_tensors, key=lambda n: -after_graph.tensors[n].bytes)
+    for name in saved[:15]:
+        info = after_graph.tensors[name]
+        made_by = after_graph.units[info.producer_unit].name if info.producer_unit is not None else "-"
+        read_by = ", ".join(_short(r) for r in readers.get(name, [])[:4])
+        lines.append(
+            f"| {name} | {tuple(info.shape)} | {info.dtype} | {format_bytes(info.bytes)} | {_short(made_by)} | {read_by} |"
+        )
+    if len(saved) > 15:
+        rest = sum(after_graph.tensors[n].bytes for n in saved[15:])
+        lines.append(f"| ... {len(saved) - 15} more | | | {format_bytes(rest)} | | |")
+    lines.append("")
+
+    lines += ["## Where recomputation runs", ""]
+    if result.placements:
+        original_regions = {u.name for u in graph.units if u.kind == "region"}
+        lines += ["| region (optimized trace) | new region? | recomputed ops | from forward units |", "|---|---|---|---|"]
+        for region, op_ids in result.placements.items():
+            sources: dict[str, int] = {}
+            for op_id in op_ids:
+                op = graph.ops[op_id]
+                source = op.region or _short(graph.units[op.unit].name)
+                sources[source] = sources.get(source, 0) + 1
+            source_text = ", ".join(f"{k} ({v})" for k, v in sources.items())
+            link = f"[{region}](definitions/{written_as[region]})" if region in written_as else region
+            new = "yes" if region not in original_regions else "no"
+            lines.append(f"| {link} | {new} | {len(op_ids)} | {source_text} |")
+    else:
+        lines.append("Nothing is recomputed.")
+    lines.append("")
+
+    py = [p for p in files.definitions if p.suffix == ".py"]
+    txt = [p for p in files.definitions if p.suffix == ".txt"]
+    lines += [
+        "## Emitted nvFuser definitions",
+        "",
+        f"{len(files.definitions)} fusion regions of the optimized trace, one file each in "
+        f"[definitions/](definitions/): {len(py)} nvFuser `FusionDefinition` scripts "
+        "(`remat.nvfuser.definition_source`; run one with `python definitions/<region>.py` on a machine "
+        "with nvFuser and CUDA)"
+        + (f", {len(txt)} as Thunder subsymbols (first line says why)" if txt else "")
+        + ".",
+        "",
+    ]
+    lines += [f"- [{p.name}](definitions/{p.name})" for p in files.definitions]
+    lines.append("")
+    if files.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in files.notes] + [""]
+    return "\n".join(lines)
+
+
+def _after_graph(result):
+    from remat.viz import _after_graph as cached
+
+    return cached(result)
+
+
+def _short(name: str) -> str:
+    for prefix in ("torch.ops.aten.", "torch."):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def run(args) -> int:
+    """Entry point for ``python -m remat report`` (``args`` from :mod:`remat.cli`)."""
+    import sys
+
+    command = "python -m remat report " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "report" else None
+    try:  # bad arguments: a message, not a traceback
+        parse_budget(args.budget)
+        check_config_name(args.model)
+        if args.layers < 1 or args.seq < 1:
+            raise ValueError(f"--layers and --seq must be positive, got {args.layers} and {args.seq}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        files = write_report(
+            args.model, args.layers, args.seq, args.out, budget=args.budget, width=args.width, device=args.device,
+            command=command,
+        )
+    except BudgetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = files.result
+    print()
+    print(result.summary())
+    print(f"\nreport: {files.report}")
+    print("pictures: " + ", ".join(p.name for p in files.pictures))
+    print(f"definitions: {len(files.definitions)} files in {files.out / 'definitions'}")
+    return 0
