@@ -849,7 +849,7 @@ def to_dot(res: Result, *, collapse: str = "compact", max_rows: int = 60) -> str
         "  rankdir=TB; newrank=true; compound=true;",
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
         '  edge [color="#8c8c8c", arrowsize=0.6];',
-        f"  label={_dot_quote(' / '.join(_summary_lines(res, layout)))}; labelloc=t; fontname=\"Helvetica\";",
+        f"  label={_dot_quote(chr(10).join(_summary_lines(res, layout)))}; labelloc=t; fontname=\"Helvetica\";",
     ]
     for phase in (FORWARD, BACKWARD):
         lines.append(f"  subgraph cluster_{phase} {{")
