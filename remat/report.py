@@ -163,8 +163,6 @@ def write_report(
     :func:`remat.optimize` as ``memory_budget``; where this version of remat cannot plan for a budget,
     :class:`BudgetError` is raised before anything is written.  Raises ValueError for a bad config
     name, width, layer count or budget."""
-    import torch  # noqa: F401  (LitGPT needs it; imported here to fail early)
-
     from remat.execute import thunder_context
     from thunder.core.rematerialization import rematerialize
 

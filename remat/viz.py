@@ -54,7 +54,10 @@ from remat.pipeline import Result
 if TYPE_CHECKING:  # matplotlib is imported lazily: `import remat` stays light
     from matplotlib.figure import Figure
 
-__all__ = ["draw", "memory_timeline", "to_dot", "cut_rows", "layer_of_units", "format_bytes", "CutRow", "CutEdge"]
+__all__ = [
+    "draw", "memory_timeline", "to_dot", "cut_rows", "layer_of_units", "format_bytes",
+    "CutLayout", "CutRow", "CutEdge", "LayerGroups",
+]
 
 COLLAPSE_MODES = ("auto", "none", "compact", "layer")
 
@@ -285,6 +288,10 @@ class CutEdge:
 
 @dataclass
 class CutLayout:
+    """What :func:`draw` and :func:`to_dot` draw: ``rows`` (with their y positions), ``edges``, layer
+    ``bands`` (rank -> label) and their y extents, the ``collapse`` mode used, the optimized trace's
+    ``graph`` (row unit indices refer to it), and the saved tensors and bytes of ``res.after``."""
+
     rows: list[CutRow]
     edges: list[CutEdge]
     bands: dict[int, str]
@@ -325,7 +332,6 @@ def cut_rows(res: Result, collapse: str = "auto", max_rows: int = 60) -> CutLayo
         layout = _build_layout(res, graph, groups, "compact", placements, set(new_region_units))
         if _height_rows(layout) > max_rows:
             layout = _build_layout(res, graph, groups, "layer", placements, set(new_region_units))
-        layout.collapse = layout.collapse
         return layout
     return _build_layout(res, graph, groups, collapse, placements, set(new_region_units))
 
