@@ -37,7 +37,7 @@ from typing import Any
 import remat
 from remat.viz import format_bytes
 
-__all__ = ["ReportFiles", "build_model", "check_config_name", "parse_budget", "region_definition", "write_report", "BudgetError"]
+__all__ = ["ReportFiles", "build_model", "check_config_name", "pareto_figure", "parse_budget", "region_definition", "write_report", "BudgetError"]
 
 VOCAB = 512  # the anchors in DESIGN.md use vocab 512
 
@@ -251,18 +251,29 @@ def write_report(
     return files
 
 
-def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None]) -> str | None:
-    """Draw the Pareto curve where this remat has ``remat.pareto``; returns a note for report.md."""
+def pareto_figure(fused):
+    """The Pareto curve (memory against recomputation) of a fused trace, where this version of remat has
+    ``remat.pareto``: its own ``draw``/``plot`` if it has one, else a plot of the points it computes
+    (objects with ``peak_bytes`` and ``extra_flops``, or pairs).  Raises AttributeError without
+    ``remat.pareto``."""
     pareto = getattr(remat, "pareto", None)
     if pareto is None:
+        raise AttributeError("this version of remat has no remat.pareto")
+    draw = getattr(pareto, "draw", None) or getattr(pareto, "plot", None)
+    compute = pareto if callable(pareto) else getattr(pareto, "pareto", None) or getattr(pareto, "curve", None)
+    if draw is not None:
+        return draw(compute(fused) if compute is not None else fused)
+    if compute is None:
+        raise AttributeError("remat.pareto has neither a draw/plot nor a pareto/curve function")
+    return _pareto_figure(compute(fused))
+
+
+def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None]) -> str | None:
+    """Draw the Pareto curve where this remat has ``remat.pareto``; returns a note for report.md."""
+    if not hasattr(remat, "pareto"):
         return None
     try:
-        draw = getattr(pareto, "draw", None) or getattr(pareto, "plot", None)
-        compute = pareto if callable(pareto) else getattr(pareto, "pareto", None) or getattr(pareto, "curve", None)
-        if draw is not None:
-            fig = draw(compute(fused) if compute is not None else fused)
-        else:
-            fig = _pareto_figure(compute(fused))
+        fig = pareto_figure(fused)
         for suffix in ("png", "svg"):
             path = out / f"pareto.{suffix}"
             fig.savefig(path)

@@ -142,3 +142,17 @@ def test_budget_without_budget_planning_is_reported(tmp_path, capsys):
     assert main(argv) == 2
     assert "remat.budget" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_pareto_figure_uses_remat_pareto_where_it_exists(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.delattr(remat, "pareto", raising=False)
+    with pytest.raises(AttributeError, match="no remat.pareto"):
+        report.pareto_figure(object())
+    points = [SimpleNamespace(peak_bytes=600 * 2**20, extra_flops=0), SimpleNamespace(peak_bytes=400 * 2**20, extra_flops=10**9)]
+    monkeypatch.setattr(remat, "pareto", lambda fused: points, raising=False)
+    fig = report.pareto_figure(object())
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_xdata()) == [600.0, 400.0]
+    assert list(line.get_ydata()) == [0, 10**9]
