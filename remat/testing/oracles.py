@@ -16,6 +16,8 @@ Plain graphs (the schema of :mod:`remat.problem`) are read here independently of
 
 Traces:
 
+:func:`graph_source`
+    Python source that rebuilds a plain graph, for failure reports and regression tests.
 :func:`check_trace_well_formed`
     Raises ``AssertionError`` unless every proxy a trace reads (top level and inside each fusion region)
     is defined before it is read, each region reads only its declared inputs and writes its declared
@@ -37,6 +39,7 @@ __all__ = [
     "brute_force_min_saved_bytes",
     "check_plan",
     "check_trace_well_formed",
+    "graph_source",
 ]
 
 _NEVER_BY_DEFAULT = {"matmul": "matmul", "attention": "attention", "reduction": "reductions", "rng": "random"}
@@ -60,7 +63,6 @@ class GraphValues:
     deps: dict[str, set[str]]
     needed: set[str]
     flops: dict[Hashable, int]
-    order: dict[Hashable, int]
 
 
 def is_pinned(data: dict, policy=None) -> bool:
@@ -135,7 +137,7 @@ def read_graph(graph: nx.DiGraph, policy=None) -> GraphValues:
             for out in outputs_of[v]:
                 if out in deps:
                     deps[out].update(read)
-    return GraphValues(values, cost, producer, pinned, unsavable, deps, needed, flops, topo)
+    return GraphValues(values, cost, producer, pinned, unsavable, deps, needed, flops)
 
 
 def available_values(info: GraphValues, saved: set[str]) -> set[str]:
@@ -211,8 +213,10 @@ def check_plan(graph: nx.DiGraph, plan, policy=None) -> None:
     pinned_ops = {info.producer[v] for v in info.pinned}
     assert not ops & pinned_ops, f"recomputes pinned ops {ops & pinned_ops}"
     assert plan.extra_flops == sum(info.flops[op] for op in ops)
-    positions = [info.order[op] for op in plan.recomputed_ops]
-    assert positions == sorted(positions), f"recomputed_ops are not in forward order: {plan.recomputed_ops}"
+    position = {op: i for i, op in enumerate(plan.recomputed_ops)}
+    for u, v in graph.edges:
+        if u in position and v in position:
+            assert position[u] < position[v], f"recomputed_ops are not in forward order: {u!r} feeds {v!r}"
 
 
 def check_trace_well_formed(trace) -> None:
@@ -226,7 +230,7 @@ def check_trace_well_formed(trace) -> None:
     defined = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)}
     for index, bsym in enumerate(trace.bound_symbols):
         name = bsym.sym.name
-        if name in ("unpack_trivial",):
+        if name.startswith("unpack_"):  # unpacking the arguments (their proxies are already known)
             for p in bsym.flat_proxy_outs:
                 defined.add(p.name)
             continue
@@ -253,3 +257,22 @@ def check_trace_well_formed(trace) -> None:
                 continue  # ops that hand back an argument do not define it anew
             assert p.name not in defined, f"bound symbol {index} ({name}) writes {p.name}, already defined"
             defined.add(p.name)
+
+
+def graph_source(graph: nx.DiGraph) -> str:
+    """Python source rebuilding a plain graph (nodes with attributes, edges with attributes), for
+    failure reports (``hypothesis.note``) and regression tests."""
+    lines = ["g = nx.DiGraph()"]
+    for node, data in graph.nodes(data=True):
+        attrs = ", ".join(f"{k}={_literal(v)}" for k, v in data.items())
+        lines.append(f"g.add_node({node!r}{', ' if attrs else ''}{attrs})")
+    for u, v, data in graph.edges(data=True):
+        attrs = ", ".join(f"{k}={_literal(val)}" for k, val in data.items())
+        lines.append(f"g.add_edge({u!r}, {v!r}{', ' if attrs else ''}{attrs})")
+    return "\n".join(lines)
+
+
+def _literal(value) -> str:
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(repr(v) for v in sorted(value)) + "}" if value else "frozenset()"
+    return repr(value)

@@ -195,7 +195,7 @@ GRAPH_DEFECTS: dict[str, str] = {
     "invalid_recompute": "'recompute' must be",
     "forward_reads_backward": "reads backward node",
     "negative_bytes": "negative size",
-    "non_numeric_bytes": "bytes",
+    "non_numeric_bytes": "must hold integer byte counts",
     "multigraph": "multigraphs are not supported",
     "empty": "the graph is empty",
     "not_a_graph": "expected a networkx.DiGraph",
@@ -355,7 +355,15 @@ def programs(
         a = env[a_name]
         shape = tuple(a.shape)
         rank = len(shape)
-        broadcastable = [n for n in names if (s := _broadcast(shape, env[n].shape)) is not None and fits(s)]
+        # Thunder 0.2.6 treats 0-dim CPU tensors as "CPU scalar tensors" and skips their broadcast, so the
+        # gradient of a 0-dim intermediate broadcast against a larger tensor is wrong or fails on CPU
+        # (thunder.jit alone: (x * x.sum()).sum(); see tests/test_regressions.py).  Binary ops here
+        # pair a 0-dim value only with another 0-dim value.
+        broadcastable = [
+            n
+            for n in names
+            if (env[n].ndim > 0) == (rank > 0) and (s := _broadcast(shape, env[n].shape)) is not None and fits(s)
+        ]
         candidates = []
         for op in allowed:
             if op in ("sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "linear", "matmul", "cat") and rank < 1:
@@ -371,6 +379,10 @@ def programs(
             if op == "cat" and _numel(shape) * 2 > max_numel:
                 continue
             if op == "slice" and not any(d >= 2 for d in shape):
+                continue
+            if op == "matmul" and shape == (1,):
+                # Thunder 0.2.6 gives a [1] @ [1, n] matmul's vector a gradient of shape [] (thunder.jit
+                # alone fails in the backward; tests/test_regressions.py): left out.
                 continue
             candidates.append(op)
         op = draw(st.sampled_from(candidates))
