@@ -4,7 +4,9 @@
 in Thunder 0.2.6).  It mirrors that pass where it decides regions:
 
 * ``uniform`` is replaced by the stateless ``uniform_philox`` plus explicit RNG-state ops
-  (Thunder's ``replace_uniform``), so dropout masks can be recomputed exactly;
+  (Thunder's ``replace_uniform``), so dropout masks can be recomputed exactly; on CUDA traces only
+  (Thunder's RNG-state prim is CUDA-only): on CPU/meta traces ``uniform`` stays stateful and its mask
+  is saved;
 * regions are runs of *consecutive* fusible bound symbols in trace order (Thunder's default
   ``fusion_type="consecutive"``); a non-fusible op (a matmul, attention, an input or cotangent read) ends
   the run;
@@ -64,6 +66,21 @@ class NvFuserPolicy:
         return self.sdpa and is_attention(kind)
 
 
+def _uniform_replaceable(trace: TraceCtx) -> bool:
+    """Whether Thunder's ``replace_uniform`` can run: the RNG-state prim it inserts
+    (``get_and_update_rng_state``) exists for CUDA only, so on CPU or meta traces with dropout it raises.
+    There ``uniform`` stays stateful: tagged ``rng``, it is never recomputed and its mask is saved."""
+    from thunder.core import prims
+    from thunder.core.devices import DeviceType
+
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id == prims.PrimIDs.UNIFORM:
+            device = bsym.kwargs.get("device")
+            if getattr(device, "devicetype", None) != DeviceType.CUDA:
+                return False
+    return True
+
+
 def fuse(
     trace: TraceCtx,
     policy: NvFuserPolicy | None = None,
@@ -85,8 +102,9 @@ def fuse(
     from remat.execute import thunder_context
     from thunder.core.rematerialization import replace_uniform
 
-    with thunder_context():
-        trace = replace_uniform(trace)
+    if _uniform_replaceable(trace):
+        with thunder_context():
+            trace = replace_uniform(trace)
 
     bsyms = list(trace.bound_symbols)
     kinds = [op_kind(b) for b in bsyms]
