@@ -134,13 +134,22 @@ class FlowProblem:
         return 3 + 2 * self.value_index[name]
 
 
+def _byte_counts(node: Hashable, key: str, raw) -> tuple[int, ...]:
+    """``raw`` (one number, or an iterable of numbers for the tuple-valued attributes) as ints; a
+    :class:`GraphError` naming the node and attribute when it is not."""
+    try:
+        return tuple(int(b) for b in raw) if key in ("output_bytes", "output_costs") else (int(raw),)
+    except (TypeError, ValueError):
+        raise GraphError(f"node {node!r}: {key!r} must hold integer byte counts, got {raw!r}") from None
+
+
 def _node_outputs(node: Hashable, data: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if "outputs" in data:
         outputs = tuple(data["outputs"])
         if "output_bytes" in data:
-            sizes = tuple(int(b) for b in data["output_bytes"])
+            sizes = _byte_counts(node, "output_bytes", data["output_bytes"])
         elif len(outputs) == 1 and "bytes" in data:
-            sizes = (int(data["bytes"]),)
+            sizes = _byte_counts(node, "bytes", data["bytes"])
         else:
             raise GraphError(f"node {node!r} lists outputs {outputs} but no 'output_bytes'")
         if len(sizes) != len(outputs):
@@ -148,7 +157,7 @@ def _node_outputs(node: Hashable, data: dict) -> tuple[tuple[str, ...], tuple[in
         return outputs, sizes
     if "bytes" not in data:
         raise GraphError(f"node {node!r} has no 'bytes' attribute (size of its output)")
-    return (node,), (int(data["bytes"]),)
+    return (node,), _byte_counts(node, "bytes", data["bytes"])
 
 
 def validate_graph(graph: nx.DiGraph) -> None:
@@ -180,16 +189,31 @@ def validate_graph(graph: nx.DiGraph) -> None:
             raise GraphError(f"forward node {v!r} reads backward node {u!r}")
 
 
+def _forward_order(graph: nx.DiGraph) -> list[Hashable]:
+    position = {node: i for i, node in enumerate(graph)}
+    if all(position[u] < position[v] for u, v in graph.edges):
+        return list(position)
+    try:
+        return list(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
+    except nx.NetworkXUnfeasible:  # a cycle: only reachable with validate=False
+        return list(position)
+
+
 def records_from_nx(graph: nx.DiGraph) -> list[Op]:
-    """Operation records of a plain graph (the same records a FusionGraph keeps)."""
+    """Operation records of a plain graph (the same records a FusionGraph keeps), in a topological
+    order: the graph's node order when that is one, else the topological order closest to it (the
+    plan's "forward order" of recomputed ops follows it)."""
     outputs_of: dict[Hashable, tuple[str, ...]] = {}
     records = []
-    for node, data in graph.nodes(data=True):
+    for node in _forward_order(graph):
+        data = graph.nodes[node]
         outputs, sizes = _node_outputs(node, data)
         outputs_of[node] = outputs
         costs = data.get("output_costs")
-        if costs is None and "save_cost" in data and len(outputs) == 1:
-            costs = (int(data["save_cost"]),)
+        if costs is not None:
+            costs = _byte_counts(node, "output_costs", costs)
+        elif "save_cost" in data and len(outputs) == 1:
+            costs = _byte_counts(node, "save_cost", data["save_cost"])
         inputs: list[str] = []
         input_nodes: list[Hashable] = []
         for pred in graph.predecessors(node):

@@ -5,10 +5,13 @@ bugs of Thunder 0.2.6 itself are ``xfail(strict=True)``: the strategies leave th
 XPASS after a Thunder upgrade says the strategy may take them back.
 """
 
+import networkx as nx
+import pytest
 import torch
 
 import remat
 from remat.execute import execute_joint, example_inputs
+from remat.testing.oracles import check_plan
 from remat.testing.programs import OpSpec, Program, TensorSpec
 
 
@@ -34,3 +37,30 @@ def test_fuse_accepts_dropout_on_cpu():
         runs.append(execute_joint(trace, inputs, seed=7))
     for a, b in zip(runs[0].outputs + runs[0].grads, runs[1].outputs + runs[1].grads):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["scipy", "networkx"])
+def test_recomputed_ops_are_in_forward_order_when_nodes_are_not(backend):
+    """Plan.recomputed_ops is documented to be in forward order; for a plain graph whose nodes were
+    inserted out of topological order it followed the insertion order (f1 before f0, which feeds it)."""
+    g = nx.DiGraph()
+    g.add_node("f1", phase="forward", bytes=10)
+    g.add_node("f0", phase="forward", bytes=10)
+    g.add_node("b0", phase="backward", bytes=1)
+    g.add_edge("f0", "f1")
+    g.add_edge("f1", "b0")
+    plan = remat.solve(g, backend=backend)
+    assert plan.saved == () and plan.recomputed_ops == ("f0", "f1")
+    check_plan(g, plan)
+
+
+@pytest.mark.parametrize("key, value", [("bytes", "big"), ("bytes", None), ("bytes", [4]), ("output_bytes", ("1e3", 2))])
+def test_non_numeric_bytes_raise_graph_error(key, value):
+    """A size that is not a number raised ValueError/TypeError from int() instead of GraphError."""
+    g = nx.DiGraph()
+    attrs = dict(phase="forward", bytes=value) if key == "bytes" else dict(phase="forward", outputs=("a", "b"), output_bytes=value)
+    g.add_node("f0", **attrs)
+    g.add_node("b0", phase="backward", bytes=1)
+    g.add_edge("f0", "b0")
+    with pytest.raises(remat.GraphError, match="must hold integer byte counts"):
+        remat.solve(g)
