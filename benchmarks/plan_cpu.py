@@ -235,7 +235,7 @@ def render(rows: list[dict], big: dict | None, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(markdown: str, marker: str = "plan_cpu") -> None:
+def write_section(markdown: str, marker: str = "plan_cpu", heading: str = "Planning on CPU (analytic)") -> None:
     path = ROOT / "docs" / "benchmarks.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -245,7 +245,7 @@ def write_section(markdown: str, marker: str = "plan_cpu") -> None:
         _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
-        text = text.rstrip() + "\n\n## Planning on CPU (analytic)\n\n" + block + "\n"
+        text = text.rstrip() + f"\n\n## {heading}\n\n" + block + "\n"
     path.write_text(text)
 
 

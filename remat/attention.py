@@ -11,8 +11,9 @@ operator executor (placed after Thunder's ``sdpa`` executor, so on a GPU Thunder
 * ``remat_sdpa_bwd(grad_out, q, k, v, attn_mask, out, logsumexp, dropout_p, is_causal, scale) -> (dq, dk, dv)``
 
 Both run with PyTorch's CPU flash-attention kernels (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward) and fall back to PyTorch's math attention for other devices.  Only dropout-free
-attention is claimed; with dropout Thunder's own decomposition stays.
+and its backward); on the meta device nothing runs.  CUDA tensors are never claimed (Thunder's ``sdpa``
+executor runs flash attention there, or Thunder decomposes attention as it would without remat).  Only
+dropout-free attention is claimed; with dropout Thunder's own decomposition stays.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from remat import _compat
 _compat.import_thunder()
 
 from thunder.core import dtypes  # noqa: E402
+from thunder.core.devices import DeviceType  # noqa: E402
 from thunder.core.proxies import TensorProxy  # noqa: E402
 from thunder.core.transforms import get_grad, put_grads  # noqa: E402
 from thunder.extend import OperatorExecutor, register_executor  # noqa: E402
@@ -97,6 +99,10 @@ sdpa_backward = attention_executor.register_operator(
 
 def _checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
     if dropout_p != 0.0:
+        return False
+    # Only for CPU and meta tensors: on a GPU, Thunder's own attention executors (flash / memory-efficient
+    # kernels) are the right choice, and where they decline Thunder's decomposition is what it would run.
+    if any(isinstance(t, TensorProxy) and t.device.devicetype is DeviceType.CUDA for t in (query, key, value)):
         return False
     if any(isinstance(t, TensorProxy) and not dtypes.is_float_dtype(t.dtype) for t in (query, key, value)):
         return False

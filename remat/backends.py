@@ -60,9 +60,13 @@ class TorchRegionCallable:
             from remat.execute import thunder_context
             from thunder.executors.passes import _transform_for_operator_executor_execution
 
+            from thunder.executors.passes import del_last_used
+
             trace = region_trace(self.bsyms, self.inputs, self.outputs)
             with thunder_context():
                 extrace = _transform_for_operator_executor_execution(trace, thunder.get_always_executors())
+                # free each intermediate after its last use, as Thunder does for whole traces
+                extrace = del_last_used(extrace)
             self._fn = extrace.python_callable(include_decorators=False)
         return self._fn
 

@@ -73,7 +73,20 @@ class _RegionNames:
         return make_region(self.executor, name, bsyms, inputs, outputs)
 
     def rebuild(self, original: BoundSymbol, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]) -> BoundSymbol:
-        return make_region(self.executor, original.sym.name, bsyms, inputs, outputs)
+        return make_region(_owner(original, self.executor), original.sym.name, bsyms, inputs, outputs)
+
+
+def _owner(region: BoundSymbol, default: RegionExecutor) -> RegionExecutor:
+    """The executor that made ``region`` (so a rebuilt region keeps its backend, e.g. nvFuser)."""
+    owner = region.sym.executor
+    return owner if isinstance(owner, RegionExecutor) else default
+
+
+def _trace_executor(trace: TraceCtx) -> RegionExecutor | None:
+    for bsym in trace.bound_symbols:
+        if bsym.sym.is_fusion and isinstance(bsym.sym.executor, RegionExecutor):
+            return bsym.sym.executor
+    return None
 
 
 def apply_plan(
@@ -83,10 +96,12 @@ def apply_plan(
     *,
     executor: RegionExecutor | None = None,
 ) -> RewriteResult:
-    """Rewrite ``trace`` (the trace ``graph`` was built from) to follow ``plan``."""
+    """Rewrite ``trace`` (the trace ``graph`` was built from) to follow ``plan``.  Changed regions keep
+    the executor (and so the backend) that made them; new regions use ``executor``, by default the one
+    that made the trace's regions."""
     if graph.ops is None or graph.op_bsyms is None or graph.unit_bsyms is None:
         raise ValueError("apply_plan needs a FusionGraph built from a trace (FusionGraph.from_trace)")
-    executor = executor or default_region_executor()
+    executor = executor or _trace_executor(trace) or default_region_executor()
     ops_by_id = graph.ops
     tensors = graph.tensors
     saved = set(plan.saved)
@@ -276,7 +291,7 @@ def hoist_view_outputs(bsyms: Sequence[BoundSymbol], executor: RegionExecutor) -
             continue
         kept_outputs = [p for p in outputs if p.name not in hoisted_names]
         name = bsym.sym.name
-        result.append(make_region(executor, name, bsym.subsymbols, list(bsym.args), kept_outputs))
+        result.append(make_region(_owner(bsym, executor), name, bsym.subsymbols, list(bsym.args), kept_outputs))
         result.extend(hoisted)
         hoisted_count += len(hoisted)
     return result, hoisted_count

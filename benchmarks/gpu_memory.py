@@ -1,0 +1,220 @@
+"""GPU benchmark: peak memory and step time of one training step, remat against its anchors.
+
+Modes, all in one process on the same model and inputs: eager, torch.compile, Thunder default
+(nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), and remat (``remat.jit``).
+
+Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
+peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
+``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()`` minus memory allocated at step
+start; "saved" = memory allocated after the forward minus at step start; medians of ``--steps`` steps
+after 2 warm-up steps.  Loss and gradients are compared with eager (bf16: relative norm error).
+
+On the GPU machine:
+
+    source .gpu/activate.sh; python benchmarks/gpu_memory.py --model stablecode-completion-alpha-3b --layers 2 --out $OUT
+
+Each mode's result is appended to ``--out/gpu_memory.jsonl`` as soon as it is measured.  Back here,
+``python benchmarks/gpu_memory.py --render FILE.jsonl [--write]`` prints the table (and puts it into
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import remat  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+
+MIB = 2**20
+MODES = ("eager", "thunder", "remat", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+
+
+class WithLoss(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets):
+        logits = self.model(idx)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+
+def make(mode: str, module: torch.nn.Module):
+    import thunder
+
+    if mode == "eager":
+        return module, None
+    if mode == "torch.compile":
+        return torch.compile(module), None
+    if mode == "thunder":
+        return thunder.jit(module), None
+    if mode == "thunder+linear":
+        return thunder.jit(module, nv_enable_linear=True), None
+    if mode == "thunder+linear+matmul":
+        return thunder.jit(module, nv_enable_linear=True, nv_enable_matmul=True), None
+    if mode in ("remat", "remat-no-linear"):
+        policy = remat.NvFuserPolicy() if mode == "remat-no-linear" else None
+        jitted = remat.jit(module, policy=policy)
+        return jitted, remat.executor_of(jitted)
+    raise ValueError(mode)
+
+
+def step(fn, params, idx, targets):
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    start_mem = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    loss = fn(idx, targets)
+    torch.cuda.synchronize()
+    after_forward = torch.cuda.memory_allocated()
+    loss.backward()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - start_mem
+    return loss.detach(), seconds, peak, after_forward - start_mem
+
+
+def grads_of(params):
+    return [p.grad.detach().float().clone() if p.grad is not None else None for p in params]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / (b.norm() + 1e-12)).item()
+
+
+def run(args) -> None:
+    from litgpt import GPT, Config
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "gpu_memory.jsonl"
+    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq, vocab_size=512, padded_vocab_size=512)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(config).to(torch.bfloat16)
+    module = WithLoss(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    idx = torch.randint(0, 512, (1, args.seq), device="cuda")
+    targets = torch.randint(0, 512, (1, args.seq), device="cuda")
+    eager_loss, eager_grads = None, None
+    for mode in args.modes:
+        gc.collect()
+        torch.cuda.empty_cache()
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name())
+        try:
+            t0 = time.perf_counter()
+            fn, remat_executor = make(mode, module)
+            loss, *_ = step(fn, params, idx, targets)  # compiles
+            record["first_call_s"] = time.perf_counter() - t0
+            grads = grads_of(params)
+            if mode == "eager":
+                eager_loss, eager_grads = loss.float(), grads
+            elif eager_grads is not None:
+                record["loss_rel_error"] = abs((loss.float() - eager_loss) / eager_loss).item()
+                record["grad_rel_error"] = max(relative(g, e) for g, e in zip(grads, eager_grads) if e is not None)
+            step(fn, params, idx, targets)  # warm-up
+            samples = [step(fn, params, idx, targets) for _ in range(args.steps)]
+            record["step_ms"] = 1e3 * statistics.median(s[1] for s in samples)
+            record["peak_mib"] = statistics.median(s[2] for s in samples) / MIB
+            record["saved_mib"] = statistics.median(s[3] for s in samples) / MIB
+            if remat_executor is not None and remat_executor.last_result is not None:
+                res = remat_executor.last_result
+                regions = [b for b in res.trace.bound_symbols if b.sym.is_fusion]
+                record["regions"] = len(regions)
+                record["nvfuser_fallbacks"] = [b.sym.name for b in regions if getattr(b._call_ctx[b.sym.name], "failed", None)]
+                record["region_backends"] = sorted({type(b._call_ctx[b.sym.name]).__name__ for b in regions})
+                record["plan_seconds"] = remat_executor.last_seconds
+                record["estimated_peak_mib"] = res.after.peak_bytes / MIB
+                record["estimated_saved_mib"] = res.after.saved_bytes / MIB
+                record["notes"] = res.notes
+                record["attention_ops"] = sorted({b.sym.name for b in res.trace.bound_symbols if "sdpa" in b.sym.name or "attention" in b.sym.name})
+            del fn
+        except Exception as exc:  # one broken mode must not lose the others
+            record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        print(json.dumps(record), flush=True)
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def render(path: str) -> str:
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["layers"], r["seq"]), {})[r["mode"]] = r
+    lines = [
+        "| config | layers | mode | step ms | peak MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | loss / grad rel. error vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, layers, seq), modes in groups.items():
+        thunder = modes.get("thunder", {})
+        compiled = modes.get("torch.compile", {})
+        for mode in MODES:
+            r = modes.get(mode)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | |")
+                continue
+
+            def ratio(key, base):
+                return f"{r[key] / base[key]:.3f}" if base.get(key) else "-"
+
+            errors = "-" if mode == "eager" else f"{r.get('loss_rel_error', float('nan')):.1e} / {r.get('grad_rel_error', float('nan')):.1e}"
+            name = f"**{mode}**" if mode.startswith("remat") else mode
+            lines.append(
+                f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {r['saved_mib']:.1f} "
+                f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} | {errors} |"
+            )
+    notes = []
+    for (model, layers, seq), modes in groups.items():
+        for remat_mode in ("remat", "remat-no-linear"):
+            r = modes.get(remat_mode)
+            if r and "error" not in r:
+                notes.append(
+                    f"- {remat_mode} on {model} x{layers}: {r.get('regions')} regions, nvFuser fallbacks: "
+                    f"{r.get('nvfuser_fallbacks') or 'none'}; attention: {', '.join(r.get('attention_ops', [])) or '?'}; "
+                    f"plan + fusion {r.get('plan_seconds', 0):.2f} s; estimated peak {r.get('estimated_peak_mib', 0):.1f} MiB, "
+                    f"estimated saved {r.get('estimated_saved_mib', 0):.1f} MiB (memory model); {'; '.join(r.get('notes', []))}"
+                )
+    device = records[0].get("device", "GPU") if records else "GPU"
+    header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
+    return "\n".join([header, "", *lines, "", *notes])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="stablecode-completion-alpha-3b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", default=list(MODES))
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--render", help="print the table of a gpu_memory.jsonl instead of measuring")
+    parser.add_argument("--write", action="store_true", help="with --render: put the table into docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.render:
+        markdown = render(args.render)
+        print(markdown)
+        if args.write:
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from plan_cpu import write_section
+
+            write_section(markdown + f"\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_memory.py --model <config> --layers <N> --out $OUT` on the GPU machine; table: `python benchmarks/gpu_memory.py --render gpu_memory.jsonl --write`.", marker="gpu_memory", heading="Training step on the GPU (measured)")
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
