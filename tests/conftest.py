@@ -9,6 +9,17 @@ import torch  # noqa: E402
 
 import remat  # noqa: E402
 
+try:  # hypothesis profiles for the property tests (docs/testing.md)
+    from hypothesis import settings as _hypothesis_settings
+
+    # ci: bounded and derandomized (same examples every run), fits the suite's time budget.
+    _hypothesis_settings.register_profile("ci", max_examples=100, derandomize=True, deadline=None, print_blob=True)
+    # nightly: many more, random examples; failures are saved in .hypothesis/ and replayed first.
+    _hypothesis_settings.register_profile("nightly", max_examples=2000, deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    pass
+
 
 def tiny_litgpt(name="pythia-14m", **overrides):
     from litgpt import GPT, Config

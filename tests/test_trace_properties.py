@@ -1,0 +1,283 @@
+"""Property tests on random Thunder training traces: remat.fuse -> remat.optimize on small torch programs.
+
+Programs come from remat.testing.strategies.programs (elementwise ops, reductions, reshape/permute,
+matmul/linear, where, casts, dropout; small shapes, float64 inputs).  Tracing a program takes about a
+tenth of a second, so the tests share the traced and optimized pipeline through a cache; under the
+``ci`` profile every test draws the same program sequence (one seed), so each program is traced once.
+See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
+from hypothesis import strategies as st
+
+import remat
+from remat.execute import example_inputs, execute_joint, split_joint, thunder_context
+from remat.graph import FusionGraph
+from remat.problem import build_problem
+from remat.solver import min_cut
+from remat.testing.oracles import check_trace_well_formed
+from remat.testing.programs import OPS, Program
+from remat.testing.strategies import programs
+
+# ci: 100 programs per property; nightly: 500 (each test traces its own programs there).
+TRACE_EXAMPLES = min(settings().max_examples, 500)
+trace_settings = settings(
+    max_examples=TRACE_EXAMPLES,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    # the explain phase reruns a failing example ~100 times: minutes with traces, for little news
+    phases=[p for p in Phase if p != Phase.explain],
+)
+# Under ci every trace test draws the same programs, so the cache below traces each one once.
+shared_examples = seed(20261202) if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else (lambda test: test)
+PROGRAMS = programs(max_ops=12)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    program: Program
+    joint: object
+    fused: object
+    result: remat.Result
+
+
+@functools.lru_cache(maxsize=1024)
+def pipeline(program: Program) -> Pipeline:
+    """Trace, fuse and optimize (strict: a fallback fails the test) one program."""
+    joint = program.training_trace()
+    fused = remat.fuse(joint)
+    return Pipeline(program, joint, fused, remat.optimize(fused, strict=True))
+
+
+def _bucket(n: int) -> str:
+    return "1-2" if n <= 2 else "3-5" if n <= 5 else "6+"
+
+
+def run(program: Program) -> Pipeline:
+    note(program.source())
+    note(repr(program))
+    event(f"ops: {_bucket(len(program.ops))}")
+    if any(op.op == "dropout" for op in program.ops):
+        event("has dropout")
+    result = pipeline(program)
+    event("recomputes" if result.result.plan.recomputed_ops else "recomputes nothing")
+    return result
+
+
+def execute(trace, inputs, rng_seed=0):
+    torch.manual_seed(rng_seed)  # dropout draws from torch's global generator on the CPU
+    return execute_joint(trace, inputs, seed=rng_seed)
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_plan_is_valid_on_traces(program):
+    """Every forward value a backward op reads is saved, or recomputable from saved values and
+    parameters/inputs through ops the policy lets remat recompute (no matmul, reduction, stateful RNG);
+    and the rewritten trace's backward reads only saved values and forward outputs from the forward."""
+    p = run(program)
+    res = p.result
+    plan = res.plan
+    problem = build_problem(res.graph)
+    saved = set(plan.saved)
+    assert not saved & problem.unsavable
+    available: set[str] = set()
+    for name in problem.values:  # forward order
+        op = problem.producer[name]
+        if name in saved or (name not in problem.pinned and set(problem.reads.get(op, ())) <= available):
+            available.add(name)
+    assert problem.backward_reads <= available, sorted(problem.backward_reads - available)
+    ops = {op.id: op for op in res.graph.ops}
+    for node in plan.recomputed_ops:
+        assert not ops[node].tags & {"matmul", "attention", "reduction", "rng"}, ops[node]
+        assert ops[node].phase == "forward"
+
+    rewritten = FusionGraph.from_trace(res.trace, ops=False)
+
+    def base(name):
+        info = rewritten.tensors.get(name)
+        return info.alias_of or name if info is not None else name
+
+    allowed = {base(v) for v in saved | set(res.graph.forward_outputs)}
+    kept = set(remat.estimate_memory(res.trace).saved_tensors)
+    assert kept <= allowed, f"the backward reads forward values the plan did not save: {sorted(kept - allowed)}"
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_estimated_peak_is_not_higher(program):
+    """The optimized trace's estimated peak is at most the fused trace's (with strict=True remat may
+    not fall back), and Result.before/after are the memory model of the two traces."""
+    p = run(program)
+    before, after = remat.estimate_memory(p.fused), remat.estimate_memory(p.result.trace)
+    assert after.peak_bytes <= before.peak_bytes
+    assert (before.peak_bytes, before.saved_bytes) == (p.result.before.peak_bytes, p.result.before.saved_bytes)
+    assert (after.peak_bytes, after.saved_bytes) == (p.result.after.peak_bytes, p.result.after.saved_bytes)
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_saved_bytes_at_most_thunders_rematerialize(program):
+    """remat saves no more activation bytes than Thunder's own rematerialize on the same fused trace
+    (both measured by the memory model)."""
+    from thunder.core.rematerialization import rematerialize
+
+    p = run(program)
+    with thunder_context():
+        thunder_trace = rematerialize(p.fused)
+    ours = remat.estimate_memory(p.result.trace).saved_bytes
+    theirs = remat.estimate_memory(thunder_trace).saved_bytes
+    if ours < theirs:
+        event("remat saves less than Thunder")
+    assert ours <= theirs
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_backends_agree_on_traces(program):
+    """scipy and networkx find the same cut value and the same cut on the trace's flow problem."""
+    p = run(program)
+    problem = build_problem(p.result.graph)
+    scipy_cut, networkx_cut = min_cut(problem, "scipy"), min_cut(problem, "networkx")
+    assert scipy_cut.scale == 1
+    assert scipy_cut.flow_value == networkx_cut.flow_value == p.result.plan.saved_bytes
+    assert (scipy_cut.sink_side == networkx_cut.sink_side).all()
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_optimized_trace_matches_original_numerics(program):
+    """Same outputs and gradients, bit for bit, from the fused and the optimized trace on CPU with
+    float64 inputs.  Dropout: on CPU remat.fuse keeps the stateful uniform (Thunder's RNG-state prim is
+    CUDA-only), the mask is saved, never recomputed; both runs start from the same torch seed."""
+    p = run(program)
+    inputs = example_inputs(p.fused, dtype=torch.float64)
+    expected = execute(p.fused, inputs)
+    got = execute(p.result.trace, inputs)
+    assert len(expected.outputs) == len(got.outputs) and len(expected.grads) == len(got.grads)
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+        if a is None:
+            assert b is None
+            continue
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+
+
+POLICIES = st.builds(remat.RecomputePolicy, matmul=st.booleans(), reductions=st.booleans(), non_fusible=st.booleans())
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS, POLICIES)
+def test_any_safe_policy_keeps_numerics(program, policy):
+    """Whatever the policy lets remat recompute (matmuls, reductions, non-fusible ops; not stateful
+    RNG, documented unsafe), the optimized trace is well formed and computes the same outputs and
+    gradients bit for bit, and re-optimizing it recomputes nothing more."""
+    p = run(program)
+    res = remat.optimize(p.fused, policy=policy, strict=True)
+    check_trace_well_formed(res.trace)
+    inputs = example_inputs(p.fused, dtype=torch.float64)
+    expected, got = execute(p.fused, inputs), execute(res.trace, inputs)
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+        if a is None:
+            assert b is None
+            continue
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    assert not remat.optimize(res.trace, policy=policy, strict=True).plan.recomputed_ops
+
+
+NO_RANDOM_OR_CAST = [op for op in OPS if op not in ("dropout", "cast")]
+
+
+@trace_settings
+@given(programs(ops=NO_RANDOM_OR_CAST))
+def test_fused_trace_matches_eager_pytorch(program):
+    """The fused trace (the optimizer's input) computes what eager PyTorch computes: outputs and
+    input gradients within float64 rounding.  Programs without dropout (different RNG streams) and
+    casts (rounding to bfloat16 amplifies decomposition differences)."""
+    note(program.source())
+    fused = remat.fuse(program.training_trace())
+    args = program.example_args(seed=5)
+    by_name = {f"i{k}": a for k, a in enumerate(args)}
+    traced = [by_name[proxy.name] for proxy in fused.args]  # Thunder drops unused inputs
+    inputs = [a.detach() for a in traced]
+    outputs = program(*args)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    generator = torch.Generator().manual_seed(9)
+    cotangents = [torch.randn(o.shape, dtype=o.dtype, generator=generator) for o in outputs]
+    got = execute_joint(fused, inputs, cotangents=cotangents)
+    assert len(got.outputs) == len(outputs)
+    for a, b in zip(outputs, got.outputs):
+        torch.testing.assert_close(b, a.detach(), rtol=1e-9, atol=1e-12, equal_nan=True)
+    wanted = [a for a in args if a.requires_grad]
+    pairs = [(o, c) for o, c in zip(outputs, cotangents) if o.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], wanted, [c for _, c in pairs], allow_unused=True)
+    got_grads = dict(zip((id(a) for a in traced), got.grads))
+    for arg, expected in zip(wanted, grads):
+        actual = got_grads.get(id(arg))
+        if expected is None:  # eager: the output does not depend on it; Thunder: no grad or zeros
+            assert actual is None or not actual.abs().max().item()
+            continue
+        torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_optimize_is_idempotent(program):
+    """Optimizing the optimized trace changes nothing: same saved bytes and peak, nothing recomputed."""
+    p = run(program)
+    again = remat.optimize(p.result.trace, strict=True)
+    assert again.after.saved_bytes == p.result.after.saved_bytes
+    assert again.after.peak_bytes == p.result.after.peak_bytes
+    assert again.plan.saved_bytes == p.result.plan.saved_bytes
+    assert not again.plan.recomputed_ops
+
+
+@shared_examples
+@trace_settings
+@given(PROGRAMS)
+def test_rewritten_trace_is_well_formed(program):
+    """The fused and the optimized trace are topologically ordered: every proxy is defined before it
+    is read (inside regions too), regions read only their inputs; Thunder splits the optimized trace
+    and both halves are well formed."""
+    p = run(program)
+    check_trace_well_formed(p.fused)
+    check_trace_well_formed(p.result.trace)
+    forward, backward = split_joint(p.result.trace)
+    check_trace_well_formed(forward)
+    assert backward is not None
+    check_trace_well_formed(backward)
+
+
+DROPOUT_MIX = ("dropout", "dropout", "dropout", "sin", "mul", "add", "sum", "linear", "softmax", "permute", "cast")
+
+
+@shared_examples
+@trace_settings
+@given(programs(ops=DROPOUT_MIX, max_ops=8))
+def test_dropout_programs_keep_their_masks(program):
+    """Programs rich in dropout: optimized and fused traces agree bit for bit when both runs start from
+    the same torch seed, and the random op is never recomputed (on CPU it stays the stateful
+    ``uniform``, whose mask is saved)."""
+    p = run(program)
+    nodes = {op.id: op for op in p.result.graph.ops}
+    assert not any("rng" in nodes[n].tags for n in p.result.plan.recomputed_ops)
+    inputs = example_inputs(p.fused, dtype=torch.float64)
+    for rng_seed in (0, 1):
+        expected = execute(p.fused, inputs, rng_seed)
+        got = execute(p.result.trace, inputs, rng_seed)
+        for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+            if a is not None:
+                torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
