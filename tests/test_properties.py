@@ -125,3 +125,15 @@ def test_bad_graphs_raise_graph_error(defect, data):
         with pytest.raises(remat.GraphError, match=message):
             remat.solve(graph, backend=backend)
 
+
+
+def test_strategies_without_hypothesis_say_how_to_install_it(monkeypatch):
+    """remat.testing imports without hypothesis; its strategies module names the extra to install."""
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # import hypothesis now raises ImportError
+    monkeypatch.delitem(sys.modules, "remat.testing.strategies", raising=False)
+    importlib.import_module("remat.testing.oracles")
+    with pytest.raises(ImportError, match=r"pip install 'remat\[test\]'"):
+        importlib.import_module("remat.testing.strategies")
