@@ -140,7 +140,7 @@ class _Writer:
             dtype = "DataType.ComplexDouble"
         else:
             raise EmitError(f"cannot write {value!r} as an nvFuser scalar")
-        self.emit(f"{name} = fd.define_scalar({_python_literal(value)}, dtype={dtype})")
+        self.emit(f"{name} = fd.define_scalar({_python_literal(value)}, {dtype})")
         return name
 
     def temp(self) -> str:
@@ -335,7 +335,7 @@ def definition_source(
                 f"is_cpu=False, stride_order={list(stride_order)})",
             )
         elif isinstance(proxy, NumberProxy):
-            w.define(proxy, f"fd.define_scalar(dtype={_nv_dtype(proxy.python_type)})")
+            w.define(proxy, f"fd.define_scalar({_nv_dtype(proxy.python_type)})")
         else:
             raise EmitError(f"region input {proxy!r} is neither a tensor nor a number")
     input_names = {p.name for p in inputs}

@@ -177,6 +177,8 @@ class FusionDefinition:
         return value
 
     def define_scalar(self, value=None, dtype=None):
+        if isinstance(value, DataType):  # fd.define_scalar(dtype): a symbolic input
+            value, dtype = None, value
         if value is None:  # a symbolic input
             position = len(self.inputs)
             node = _Value(lambda: self._current[position])
