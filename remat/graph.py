@@ -40,6 +40,8 @@ Forward and backward are told apart by :func:`split_phases`, the rule Thunder's
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -366,6 +368,7 @@ class FusionGraph:
         producer_node: dict[str, int] = {}  # producers visible at unit level
         units: list[Unit] = []
         facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
+        strided: set[str] = set()  # outputs of stand-alone views that are not contiguous in memory
 
         def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
             cached = facts_cache.get(proxy.name)
@@ -389,7 +392,7 @@ class FusionGraph:
 
         for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
             if not with_ops:
-                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor)
+                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strided)
                 units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
                 continue
             nodes: list[int] = []
@@ -437,7 +440,7 @@ class FusionGraph:
                     local_producer[name] = node_id
                 alias_base = None
                 if unit_kind == "op" and "view" in tags and op_ins:
-                    alias_base = _alias_base(op_ins[0], tensors)
+                    alias_base = _view_base(op, okind, op_ins[0], tensors, strided)
                 for p in op_out_proxies:
                     if unit_kind == "input":
                         existing = tensors.get(p.name)
@@ -482,11 +485,11 @@ class FusionGraph:
         )
 
     @staticmethod
-    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor) -> None:
+    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strided) -> None:
         """Unit-level tensor registration for ``ops=False`` graphs (what the memory model reads)."""
         alias_base = None
         if unit_kind == "op" and ins and "view" in op_tags(kind, _thunder_tags(bsym)):
-            alias_base = _alias_base(ins[0], tensors)
+            alias_base = _view_base(bsym, kind, ins[0], tensors, strided)
         for p in bsym.flat_proxy_outs:
             if p.name in ins:
                 continue
@@ -549,6 +552,38 @@ def _alias_base(name: str, tensors: dict[str, TensorInfo]) -> str:
     """The tensor whose storage ``name`` lives in (following earlier aliases)."""
     info = tensors.get(name)
     return (info.alias_of or name) if info is not None else name
+
+
+def _view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict[str, TensorInfo], strided: set[str]) -> str | None:
+    """Storage a stand-alone view op's output lives in, following PyTorch: a view shares its input's
+    storage, except ``reshape`` of a non-contiguous tensor, which copies (returns None: fresh storage).
+    Records in ``strided`` which outputs are not contiguous (transposes, partial slices, expands)."""
+    out = next((p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)), None)
+    inp = bsym.flat_proxy_args[0] if bsym.flat_proxy_args else None
+    if out is None or not isinstance(inp, TensorProxy):
+        return _alias_base(source, tensors)
+    input_strided = source in strided
+    in_shape, out_shape = tuple(inp.shape), tuple(out.shape)
+    if kind == "reshape":
+        return None if input_strided else _alias_base(source, tensors)
+    if kind == "transpose":
+        permutation = tuple(bsym.args[1])
+        moved = [d for d in permutation if in_shape[d] != 1]
+        if input_strided or moved != sorted(moved):
+            strided.add(out.name)
+    elif kind == "slice":
+        changed = [d for d, (a, b) in enumerate(zip(in_shape, out_shape)) if a != b]
+        strides = bsym.args[3] if len(bsym.args) > 3 and bsym.args[3] is not None else ()
+        # contiguous only when the slice cuts the outermost non-trivial dimension alone
+        outer = next((d for d, size in enumerate(out_shape) if size != 1), len(out_shape))
+        if input_strided or any(s != 1 for s in strides) or any(d > outer for d in changed):
+            strided.add(out.name)
+    elif kind == "broadcast_in_dim":
+        if input_strided or math.prod(out_shape) != math.prod(in_shape):
+            strided.add(out.name)
+    elif input_strided:
+        strided.add(out.name)
+    return _alias_base(source, tensors)
 
 
 def _build_nx(ops: list[Op], tensors: dict[str, TensorInfo], forward_outputs: tuple[str, ...]) -> nx.DiGraph:
