@@ -12,11 +12,14 @@ before the split into forward and backward (see :mod:`remat.trace`).  ``RematExe
    an inference trace (no backward) is only fused;
 4. returns the trace; regions run with nvFuser (GPU) or the torch reference (CPU).
 
-Linear and matmul: with ``linear="auto"`` / ``matmul="auto"`` in the policy (the executor's default
-where the installed nvFuser runs them, see :func:`remat.nvfuser.linear_supported`), the executor plans
-each variant (matmuls outside regions, linear in regions, linear and matmul in regions) and keeps the
-one with the lowest estimated peak; on a tie, the one with fewer matmuls in regions.  The decision is
-made per trace, not per region.
+Linear and matmul: by default they stay outside regions (cuBLAS through Thunder's torch executor).
+Measured on an H200 (docs/benchmarks.md), putting them into nvFuser regions raised remat's peak on
+stablecode-3b from 674 to 850 MiB although the memory model predicted a lower one: nvFuser splits a
+region with matmuls into several kernels and allocates the intermediate buffers between them, which the
+model does not see.  ``NvFuserPolicy(linear=True, matmul=True)`` forces them in (where the installed
+nvFuser runs them, see :func:`remat.nvfuser.linear_supported`); ``linear="auto"`` / ``matmul="auto"``
+plans each variant and keeps the lowest *estimated* peak (per trace, not per region), so it inherits
+that blind spot.
 
 Nothing breaks ``thunder.jit``: if fusing fails the trace is returned as Thunder gave it (its prims then
 run with Thunder's torch executor); if planning fails the fused trace is used; each with one warning.
@@ -37,6 +40,8 @@ from remat.errors import RematError
 from remat.fuse import NvFuserPolicy, fuse
 from remat.pipeline import OptimizationWarning, Result, optimize
 from remat.problem import RecomputePolicy
+from remat.nvfuser import MIN_LINEAR_VERSION
+from remat.nvfuser import version as remat_nvfuser_version
 from remat.regions import RegionExecutor
 
 _compat.import_thunder()
@@ -69,10 +74,16 @@ class RematExecutor(RegionExecutor):
         if recompute is not None and not isinstance(recompute, RecomputePolicy):
             raise TypeError(f"recompute must be a remat.RecomputePolicy, got {type(recompute).__name__}")
         if policy is None:
+            policy = NvFuserPolicy()
+        elif self.backend == "nvfuser" and (policy.linear or policy.matmul):
             from remat.nvfuser import linear_supported
 
-            auto = "auto" if (self.backend == "torch" or linear_supported()) else False
-            policy = NvFuserPolicy(linear=auto, matmul=auto)
+            if not linear_supported():
+                warnings.warn(
+                    f"nvFuser {remat_nvfuser_version()} is older than {MIN_LINEAR_VERSION}: linear and matmul stay outside regions",
+                    stacklevel=2,
+                )
+                policy = replace(policy, linear=False, matmul=False)
         self.policy = policy
         self.recompute = recompute
         self.memory_budget = memory_budget
@@ -171,8 +182,7 @@ def executor(
     """A :class:`RematExecutor` for ``thunder.jit(fn, executors=[..., remat.executor()])``.
 
     ``backend``: ``"auto"`` (nvFuser on CUDA, else the torch reference), ``"nvfuser"`` or ``"torch"``.
-    ``policy``: which ops join regions (default: linear/matmul decided by estimated peak where nvFuser
-    runs them).  ``recompute``: what may be recomputed (:class:`remat.RecomputePolicy`).
+    ``policy``: which ops join regions (default: ``NvFuserPolicy()``, matmuls outside regions).  ``recompute``: what may be recomputed (:class:`remat.RecomputePolicy`).
     ``memory_budget``: see :func:`remat.optimize`.
     """
     return RematExecutor(memory_budget=memory_budget, backend=backend, policy=policy, recompute=recompute, strict=strict)
