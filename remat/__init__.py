@@ -24,3 +24,4 @@ from remat.pipeline import OptimizationWarning, Result, optimize  # noqa: E402
 from remat.executor import RematExecutor, executor, executor_of, jit  # noqa: E402
 from remat import nvfuser  # noqa: E402
 from remat import viz  # noqa: E402
+from remat.budget import ParetoPoint, pareto, plan_memory  # noqa: E402

@@ -65,7 +65,7 @@ _compat.import_thunder()
 from thunder.core import prims  # noqa: E402
 from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy  # noqa: E402
 from thunder.core.pytree import tree_flatten  # noqa: E402
-from thunder.core.symbol import BoundSymbol  # noqa: E402
+from thunder.core.symbol import BoundSymbol, has_tags  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceTag  # noqa: E402
 
 __all__ = ["FusionGraph", "Op", "TensorInfo", "Unit", "op_kind", "split_phases"]
@@ -118,6 +118,14 @@ def op_kind(bsym: BoundSymbol) -> str:
     if bsym.sym.is_fusion:
         return "fusion"
     return str(sym_id)
+
+
+#: Ops that must stay even when nothing reads their outputs.
+SIDE_EFFECT_KINDS = frozenset({"copy_", "get_and_update_rng_state", "update_aliases", "sink"})
+
+
+def _has_side_effect_tags(bsym: BoundSymbol) -> bool:
+    return has_tags(bsym, {prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE})
 
 
 _SYMBOL_FACTS: dict[Any, tuple[str, frozenset[str], bool]] = {}
@@ -211,6 +219,7 @@ class Op(NamedTuple):
 
     ``input_nodes[i]`` is the node that wrote ``inputs[i]`` (None where no node did).  ``recompute``,
     ``savable`` and ``output_costs`` are only set for plain graphs given to :func:`remat.solve`.
+    ``side_effect``: the op must run even when nothing reads its outputs (in-place updates, RNG state).
     """
 
     id: Any
@@ -230,6 +239,7 @@ class Op(NamedTuple):
     recompute: str | None = None
     savable: bool = True
     output_costs: tuple[int, ...] | None = None
+    side_effect: bool = False
 
     @property
     def label(self) -> str:
@@ -269,6 +279,8 @@ class FusionGraph:
         #: Thunder bound symbols behind op nodes (by node id) and units (by unit index); None for plain graphs.
         self.op_bsyms = op_bsyms
         self.unit_bsyms = unit_bsyms
+        #: True for graphs made from a plain networkx graph (save costs then come from op records)
+        self.plain = False
         self._nx: nx.DiGraph | None = None
 
     def __repr__(self) -> str:
@@ -433,6 +445,7 @@ class FusionGraph:
                         fusible=fusible,
                         is_input=is_input,
                         is_param=is_input and any(t in tensors and tensors[t].kind == "param" for t in op_outs),
+                        side_effect=okind in SIDE_EFFECT_KINDS or _has_side_effect_tags(op),
                     )
                 )
                 op_bsyms.append(op)

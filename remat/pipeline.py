@@ -56,6 +56,8 @@ class Result:
     original: TraceCtx | None = None
     #: region of ``trace`` -> op nodes of ``graph`` it recomputes (new recompute regions included)
     placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: with a memory budget: the Pareto frontier the plan was chosen from (see :func:`remat.pareto`)
+    frontier: list | None = None
 
     def summary(self) -> str:
         mib = 2**20
@@ -108,8 +110,9 @@ def _optimize(
 ) -> Result:
     start = time.perf_counter()
     if memory_budget is not None:
-        from remat.budget import optimize_with_budget
+        from remat.budget import optimize_with_budget, resolve_budget
 
+        resolve_budget(memory_budget, 1)  # validate before any work
         return optimize_with_budget(trace, memory_budget, policy=policy, backend=backend, strict=strict)
     graph = FusionGraph.from_trace(trace)
     if not graph.is_joint:
@@ -117,37 +120,45 @@ def _optimize(
 
         raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
     before = profile_graph(graph)
-    step_flops = sum(op.flops for op in graph.ops)
     policy = policy or RecomputePolicy()
-
-    def fallback(reason: str) -> Result:
-        if strict:
-            raise RematError(reason)
-        warnings.warn(f"remat left the trace as it was: {reason}", OptimizationWarning, stacklevel=3)
-        return Result(trace, None, before, before, graph, 0, step_flops, time.perf_counter() - start, False, [reason], trace)
-
     try:
         problem = build_problem(graph, policy)
         cut = min_cut(problem, backend)
         plan = plan_from_cut(problem, cut, policy)
-    except RematError as exc:
-        return fallback(f"solver: {exc}")
-    except Exception as exc:  # a solver bug must never break the user's training step
+    except Exception as exc:  # a solver failure must never break the user's training step
         if strict:
             raise
-        return fallback(f"solver failed: {type(exc).__name__}: {exc}")
+        reason = f"solver: {exc}" if isinstance(exc, RematError) else f"solver failed: {type(exc).__name__}: {exc}"
+        return _fallback(trace, graph, before, reason, start)
+    return _optimize_with_plan(trace, graph, before, plan, strict=strict, start=start)
+
+
+def _fallback(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, reason: str, start: float) -> Result:
+    warnings.warn(f"remat left the trace as it was: {reason}", OptimizationWarning, stacklevel=4)
+    step_flops = sum(op.flops for op in graph.ops)
+    return Result(trace, None, before, before, graph, 0, step_flops, time.perf_counter() - start, False, [reason], trace)
+
+
+def _optimize_with_plan(
+    trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, plan: Plan, *, strict: bool, start: float
+) -> Result:
+    """Rewrite ``trace`` by ``plan`` and measure it; the input trace comes back if that fails or would
+    raise the estimated peak."""
     try:
         rewritten = apply_plan(trace, graph, plan)
     except Exception as exc:  # a rewrite bug must never break the user's training step
         if strict:
             raise
-        return fallback(f"rewrite failed: {type(exc).__name__}: {exc}")
+        return _fallback(trace, graph, before, f"rewrite failed: {type(exc).__name__}: {exc}", start)
     after = profile_graph(FusionGraph.from_trace(rewritten.trace, ops=False))
     if after.peak_bytes > before.peak_bytes:
-        return fallback(
+        reason = (
             f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "
             f"{after.peak_bytes / 2**20:.1f} MiB)"
         )
+        if strict:
+            raise RematError(reason)
+        return _fallback(trace, graph, before, reason, start)
     return Result(
         trace=rewritten.trace,
         plan=plan,
@@ -155,7 +166,7 @@ def _optimize(
         after=after,
         graph=graph,
         extra_flops=rewritten.extra_flops,
-        step_flops=step_flops,
+        step_flops=sum(op.flops for op in graph.ops),
         seconds=time.perf_counter() - start,
         applied=True,
         notes=rewritten.notes,

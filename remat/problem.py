@@ -46,6 +46,7 @@ Edge ``(u, v)`` means ``v`` reads ``u``'s values; an optional ``tensors`` attrib
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ import numpy as np
 from remat.errors import GraphError
 from remat.graph import FusionGraph, Op
 
-__all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "SOURCE", "SINK", "INFINITE"]
+__all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "plain_fusion_graph", "SOURCE", "SINK", "INFINITE"]
 
 SOURCE = 0
 SINK = 1
@@ -246,24 +247,48 @@ def records_from_nx(graph: nx.DiGraph) -> list[Op]:
 
 
 def build_problem(
-    graph: nx.DiGraph | FusionGraph, policy: RecomputePolicy | None = None, *, validate: bool = True
+    graph: nx.DiGraph | FusionGraph,
+    policy: RecomputePolicy | None = None,
+    *,
+    validate: bool = True,
+    priced: RecomputePolicy | None = None,
+    recompute_price: float = 0.0,
+    weights: dict[str, float] | None = None,
 ) -> FlowProblem:
     """Build the flow network of ``graph`` (see the module docstring): a plain ``networkx.DiGraph``
     (validated unless ``validate=False``; raises :class:`GraphError` when malformed) or a
     :class:`remat.FusionGraph` (its op records are used directly).  Graphs made by
     :meth:`remat.FusionGraph.from_trace` carry their tensors in ``graph.graph["tensors"]`` and their
-    forward outputs in ``graph.graph["forward_outputs"]``; sizes and save costs then come from there."""
+    forward outputs in ``graph.graph["forward_outputs"]``; sizes and save costs then come from there.
+
+    Trading compute for memory (used by :mod:`remat.budget`): ops that ``policy`` does not allow but
+    ``priced`` does may be recomputed at a price: ``SOURCE -> in(t)`` gets capacity
+    ``recompute_price * flops`` (bytes per FLOP; split evenly over the op's outputs), so the cut pays for
+    their FLOPs instead of being forbidden them.  ``weights`` scales the save cost of named values (the
+    peak-aware search makes values that are not alive at the peak cheap to keep).
+    """
     policy = policy or RecomputePolicy()
+    pricing = (priced, recompute_price, weights or {})
     if isinstance(graph, FusionGraph):
         if graph.ops is None:
             raise GraphError("this FusionGraph was built with ops=False; the solver needs its operations")
-        return _build(graph.ops, graph.tensors, set(graph.forward_outputs), policy)
+        tensors = None if graph.plain else graph.tensors
+        return _build(graph.ops, tensors, set(graph.forward_outputs), policy, *pricing)
     if validate:
         validate_graph(graph)
-    return _build(records_from_nx(graph), graph.graph.get("tensors"), set(graph.graph.get("forward_outputs", ())), policy)
+    held = set(graph.graph.get("forward_outputs", ()))
+    return _build(records_from_nx(graph), graph.graph.get("tensors"), held, policy, *pricing)
 
 
-def _build(ops: list[Op], tensors: dict | None, held: set[str], policy: RecomputePolicy) -> FlowProblem:
+def _build(
+    ops: list[Op],
+    tensors: dict | None,
+    held: set[str],
+    policy: RecomputePolicy,
+    priced: RecomputePolicy | None = None,
+    recompute_price: float = 0.0,
+    weights: dict[str, float] | None = None,
+) -> FlowProblem:
     values: list[str] = []
     value_index: dict[str, int] = {}
     save_cost: dict[str, int] = {}
@@ -273,11 +298,18 @@ def _build(ops: list[Op], tensors: dict | None, held: set[str], policy: Recomput
     unsavable: set[str] = set()
     op_flops: dict[Hashable, int] = {}
 
+    price: dict[str, int] = {}  # value -> capacity of SOURCE -> in(value) for priced recomputation
+    weights = weights or {}
     for op in ops:
         if op.phase != "forward" or op.kind == "return" or op.is_input or op.is_param:
             continue
         if op.recompute is None:
             allowed = policy.allows(op.tags, op.fusible)
+            if not allowed and priced is not None and priced.allows(op.tags, op.fusible) and math.isfinite(recompute_price):
+                share = recompute_price * op.flops / max(len(op.outputs), 1)
+                for name in op.outputs:
+                    price[name] = max(int(round(share)), 1)
+                allowed = True
         else:
             allowed = op.recompute == "allowed"
         op_flops[op.id] = op.flops
@@ -291,6 +323,8 @@ def _build(ops: list[Op], tensors: dict | None, held: set[str], policy: Recomput
                 cost = op.output_costs[k] if op.output_costs is not None else nbytes
             if cost < 0 or nbytes < 0:
                 raise GraphError(f"node {op.id!r}: negative size for value {name!r}")
+            if name in weights:
+                cost = int(round(cost * weights[name]))
             value_index[name] = len(values)
             values.append(name)
             save_cost[name] = cost
@@ -312,6 +346,10 @@ def _build(ops: list[Op], tensors: dict | None, held: set[str], policy: Recomput
             tails.append(SOURCE)
             heads.append(2 + 2 * i)
             caps.append(INFINITE)
+        elif name in price:
+            tails.append(SOURCE)
+            heads.append(2 + 2 * i)
+            caps.append(price[name])
 
     reads: dict[Hashable, tuple[str, ...]] = {}
     backward_reads: set[str] = set()
@@ -377,3 +415,40 @@ def _trace_save_cost(name: str, tensors: dict, held: set[str]) -> int:
             return 0
         return base.bytes
     return info.bytes
+
+
+def plain_fusion_graph(graph: nx.DiGraph) -> tuple[FusionGraph, list[Hashable]]:
+    """A :class:`FusionGraph` for a plain graph, so that the memory model and the plan layout apply to
+    it: one unit per node (forward nodes, then backward nodes, in topological order), one value per
+    output; backward values nobody reads are gradients, held to the end of the step like a trace's
+    return; ``graph.graph["forward_outputs"]`` (optional) names values the forward returns.  Op ids are
+    positions; the returned list maps them back to the graph's nodes."""
+    from remat.graph import TensorInfo, Unit
+
+    validate_graph(graph)
+    records = records_from_nx(graph)
+    order = sorted(range(len(records)), key=lambda i: (records[i].phase != "forward", i))
+    node_ids = [records[i].id for i in order]
+    position = {node: k for k, node in enumerate(node_ids)}
+    ops: list[Op] = []
+    units: list[Unit] = []
+    tensors: dict[Hashable, TensorInfo] = {}
+    read: set[Hashable] = set()
+    for k, i in enumerate(order):
+        record = records[i]
+        op = record._replace(id=k, unit=k, input_nodes=tuple(position[n] for n in record.input_nodes))
+        ops.append(op)
+        read.update(op.inputs)
+        kind = "input" if (op.is_input or op.is_param) else "op"
+        units.append(Unit(k, str(node_ids[k]), kind, op.phase, () if kind == "input" else op.inputs, op.outputs, (k,), op.flops, op.tags))
+        value_kind = "param" if op.is_param else "input" if op.is_input else "activation"
+        for name, nbytes in zip(op.outputs, op.output_bytes):
+            tensors[name] = TensorInfo(name, (), "bytes", nbytes, value_kind, k, k, op.phase)
+    forward_outputs = tuple(graph.graph.get("forward_outputs", ()))
+    gradients = tuple(
+        name for op in ops if op.phase == "backward" for name in op.outputs if name not in read
+    )
+    units.append(Unit(len(units), "return", "return", "backward", forward_outputs + gradients, (), (), 0))
+    fusion_graph = FusionGraph(units, tensors, ops, forward_outputs=forward_outputs, gradients=gradients, is_joint=True)
+    fusion_graph.plain = True
+    return fusion_graph, node_ids
