@@ -26,7 +26,6 @@ Progress goes to ``log`` (one line per step, with the elapsed time).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from collections.abc import Callable
@@ -35,15 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import remat
+from remat import viz
 from remat.viz import format_bytes
 
-__all__ = ["ReportFiles", "build_model", "check_config_name", "pareto_figure", "parse_budget", "region_definition", "write_report", "BudgetError"]
+__all__ = ["ReportFiles", "build_model", "check_config_name", "pareto_figure", "parse_budget", "region_definition", "write_report"]
 
 VOCAB = 512  # the anchors in DESIGN.md use vocab 512
-
-
-class BudgetError(remat.RematError):
-    """``--budget`` was given but this version of remat cannot plan for a memory budget."""
 
 
 @dataclass
@@ -160,18 +156,12 @@ def write_report(
 ) -> ReportFiles:
     """Write the report for LitGPT config ``model_name`` into directory ``out`` (created if needed; see the
     module docstring for the files).  ``budget`` (see :func:`parse_budget`) is passed to
-    :func:`remat.optimize` as ``memory_budget``; where this version of remat cannot plan for a budget,
-    :class:`BudgetError` is raised before anything is written.  Raises ValueError for a bad config
-    name, width, layer count or budget."""
+    :func:`remat.optimize` as ``memory_budget`` (an unreachable budget gives the lowest plan remat finds,
+    with a note).  Raises ValueError for a bad config name, width, layer count or budget."""
     from remat.execute import thunder_context
     from thunder.core.rematerialization import rematerialize
 
     memory_budget = parse_budget(budget)
-    if memory_budget is not None and importlib.util.find_spec("remat.budget") is None:
-        raise BudgetError(
-            f"--budget {budget} needs memory-budget planning (remat.budget), which this version of remat "
-            "does not have; run without --budget for the default plan"
-        )
     out = Path(out)
     started = time.perf_counter()
     say = _progress(log, started)
@@ -193,13 +183,7 @@ def write_report(
     thunder_profile = remat.estimate_memory(thunder_trace)
     say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
 
-    try:
-        result = remat.optimize(fused, memory_budget) if memory_budget is not None else remat.optimize(fused)
-    except (ImportError, AttributeError, NotImplementedError) as exc:
-        raise BudgetError(
-            f"--budget {budget} needs memory-budget planning, which this version of remat does not have "
-            f"({type(exc).__name__}: {exc}); run without --budget for the default plan"
-        ) from exc
+    result = remat.optimize(fused, memory_budget)
     files.result = result
     applied = "applied" if result.applied else "NOT applied"
     say(f"remat.optimize: {result.seconds * 1e3:.0f} ms, plan {applied}")
@@ -224,7 +208,12 @@ def write_report(
         files.pictures.append(path)
     files.dot = out / "cut.dot"
     files.dot.write_text(viz.to_dot(result))
-    pareto_note = _pareto(fused, out, files, say)
+    budget_bytes = None
+    if memory_budget is not None:
+        from remat.budget import resolve_budget
+
+        budget_bytes = resolve_budget(memory_budget, result.before.peak_bytes)
+    pareto_note = _pareto(fused, out, files, say, budget_bytes)
     say(f"pictures written ({collapse} layout)")
 
     definitions = out / "definitions"
@@ -251,63 +240,31 @@ def write_report(
     return files
 
 
-def pareto_figure(fused):
-    """The Pareto curve (memory against recomputation) of a fused trace, where this version of remat has
-    ``remat.pareto``: its own ``draw``/``plot`` if it has one, else a plot of the points it computes
-    (objects with ``peak_bytes`` and ``extra_flops``, or pairs).  Raises AttributeError without
-    ``remat.pareto``."""
-    pareto = getattr(remat, "pareto", None)
-    if pareto is None:
-        raise AttributeError("this version of remat has no remat.pareto")
-    draw = getattr(pareto, "draw", None) or getattr(pareto, "plot", None)
-    compute = pareto if callable(pareto) else getattr(pareto, "pareto", None) or getattr(pareto, "curve", None)
-    if draw is not None:
-        return draw(compute(fused) if compute is not None else fused)
-    if compute is None:
-        raise AttributeError("remat.pareto has neither a draw/plot nor a pareto/curve function")
-    return _pareto_figure(compute(fused))
+def pareto_figure(fused, *, budget_bytes: int | None = None):
+    """The Pareto curve (estimated peak against recomputed FLOPs) of a fused trace, drawn by
+    :func:`remat.viz.pareto_curve` with the step's FLOPs, the gradient floor and ``budget_bytes``."""
+    graph = remat.FusionGraph.from_trace(fused)
+    frontier = remat.pareto(graph)
+    step_flops = sum(op.flops for op in graph.ops)
+    gradient_bytes = sum(graph.tensors[g].bytes for g in graph.gradients if g in graph.tensors)
+    return viz.pareto_curve(frontier, step_flops=step_flops, gradient_bytes=gradient_bytes, budget_bytes=budget_bytes)
 
 
-def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None]) -> str | None:
-    """Draw the Pareto curve where this remat has ``remat.pareto``; returns a note for report.md."""
-    if not hasattr(remat, "pareto"):
-        return None
+def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None], budget_bytes: int | None = None) -> str | None:
+    """Draw the Pareto curve; returns a note for report.md."""
     try:
-        fig = pareto_figure(fused)
+        fig = pareto_figure(fused, budget_bytes=budget_bytes)
         for suffix in ("png", "svg"):
             path = out / f"pareto.{suffix}"
             fig.savefig(path)
             files.pictures.append(path)
         say("Pareto curve drawn")
         return "pareto.png"
-    except Exception as exc:  # another issue's module; its absence or change must not break the report
+    except Exception as exc:  # a picture must not break the report
         note = f"Pareto curve skipped: {type(exc).__name__}: {exc}"
         files.notes.append(note)
         say(note)
         return None
-
-
-def _pareto_figure(points):
-    """A scatter of (peak bytes, extra FLOPs) for points with those attributes or as pairs."""
-    from matplotlib.figure import Figure
-
-    xs, ys = [], []
-    for p in points:
-        if hasattr(p, "peak_bytes"):
-            xs.append(p.peak_bytes / 2**20)
-            ys.append(getattr(p, "extra_flops", 0))
-        else:
-            a, b = p[0], p[1]
-            xs.append(a / 2**20)
-            ys.append(b)
-    fig = Figure(figsize=(6, 4), dpi=110)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot(xs, ys, marker="o")
-    ax.set_xlabel("estimated peak (MiB)")
-    ax.set_ylabel("extra FLOPs")
-    ax.set_title("memory / recompute trade-off")
-    fig.tight_layout()
-    return fig
 
 
 def _markdown(
@@ -469,14 +426,10 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        files = write_report(
-            args.model, args.layers, args.seq, args.out, budget=args.budget, width=args.width, device=args.device,
-            command=command,
-        )
-    except BudgetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    files = write_report(
+        args.model, args.layers, args.seq, args.out, budget=args.budget, width=args.width, device=args.device,
+        command=command,
+    )
     result = files.result
     print()
     print(result.summary())

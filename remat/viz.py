@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # matplotlib is imported lazily: `import remat` stays light
     from matplotlib.figure import Figure
 
 __all__ = [
-    "draw", "memory_timeline", "to_dot", "cut_rows", "layer_of_units", "format_bytes",
+    "draw", "memory_timeline", "pareto_curve", "to_dot", "cut_rows", "layer_of_units", "format_bytes",
     "CutLayout", "CutRow", "CutEdge", "LayerGroups",
 ]
 
@@ -822,6 +822,69 @@ def memory_timeline(
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.22 + 0.05 * max(len(profiles) - 2, 0))
+    return fig
+
+
+def pareto_curve(
+    frontier: Sequence,
+    *,
+    step_flops: int | None = None,
+    gradient_bytes: int | None = None,
+    budget_bytes: int | None = None,
+    chosen: object | None = None,
+    title: str | None = None,
+) -> Figure:
+    """The memory / recomputation trade-off of :func:`remat.pareto`: estimated peak (y) against extra
+    FLOPs (x, as % of the step when ``step_flops`` is given), drawn as the staircase a frontier is (a
+    plan stays the best until the next one is affordable).  The default plan is labelled; optional dashed
+    lines mark ``gradient_bytes`` (the gradients every plan holds at the end of the step, a floor no
+    plan goes below) and ``budget_bytes``; ``chosen`` (a point) is circled.  Figures are the memory
+    model's (analytic)."""
+    from matplotlib.figure import Figure
+
+    points = list(frontier)
+    if not points:
+        raise ValueError("the frontier is empty")
+    if not all(hasattr(p, "peak_bytes") and hasattr(p, "extra_flops") for p in points):
+        raise TypeError("pareto_curve expects the points of remat.pareto (with peak_bytes and extra_flops)")
+    top = max(p.peak_bytes for p in points)
+    scale, unit = 1.0, "B"
+    for s_, u in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if top >= s_:
+            scale, unit = float(s_), u
+            break
+    xs = [100.0 * p.extra_flops / step_flops if step_flops else float(p.extra_flops) for p in points]
+    ys = [p.peak_bytes / scale for p in points]
+    fig = Figure(figsize=(7, 4.2), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    right = max(xs) * 1.15 if max(xs) > 0 else 1.0
+    ax.step(xs + [right], ys + [ys[-1]], where="post", color=_RECOMPUTE_EDGE, lw=2, label="best plan for the FLOPs spent")
+    ax.plot(xs, ys, "o", color=_RECOMPUTE_EDGE, mec="black", mew=0.6, zorder=5)
+    ax.annotate(f"default plan\n{format_bytes(points[0].peak_bytes)}", (xs[0], ys[0]), textcoords="offset points",
+                xytext=(8, 8), fontsize=8.5)
+    if len(points) > 1:
+        ax.annotate(format_bytes(points[-1].peak_bytes), (xs[-1], ys[-1]), textcoords="offset points", xytext=(6, -14),
+                    fontsize=8.5)
+    low = min(ys)
+    if gradient_bytes:
+        ax.axhline(gradient_bytes / scale, color="#4a7ab5", ls="--", lw=1, label=f"gradients held at the end ({format_bytes(gradient_bytes)})")
+        low = min(low, gradient_bytes / scale)
+    if budget_bytes:
+        ax.axhline(budget_bytes / scale, color=_SAVED, ls=":", lw=1.2, label=f"budget ({format_bytes(budget_bytes)})")
+        low = min(low, budget_bytes / scale)
+    if chosen is not None and chosen in points:
+        i = points.index(chosen)
+        ax.plot([xs[i]], [ys[i]], "o", ms=14, mfc="none", mec=_SAVED, mew=1.5, label="chosen plan", zorder=6)
+    ax.set_xlim(-right * 0.03, right)
+    ax.set_ylim(low * 0.9, max(ys) * 1.12)
+    ax.set_xlabel("extra FLOPs recomputed (% of the step)" if step_flops else "extra FLOPs recomputed")
+    ax.set_ylabel(f"estimated peak ({unit})")
+    ax.set_title(title or "memory / recomputation trade-off (memory model)", fontsize=11)
+    ax.grid(color="#dddddd", lw=0.6)
+    ax.legend(loc="upper right", fontsize=8.5, frameon=False)
+    for spine in ("top", "right"):
+        ax.spines[spine].set_visible(False)
+    fig.tight_layout()
     return fig
 
 

@@ -135,24 +135,32 @@ def test_bad_arguments_exit_with_a_message(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("remat.budget") is not None, reason="remat.budget exists")
-def test_budget_without_budget_planning_is_reported(tmp_path, capsys):
-    argv = ["report", "--model", "pythia-14m", "--layers", "1", "--seq", "32", "--width", "demo", "--budget", "0.8",
-            "--out", str(tmp_path)]
-    assert main(argv) == 2
-    assert "remat.budget" in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())
+def test_report_with_a_budget_draws_the_frontier(tmp_path):
+    from remat.report import write_report
+
+    files = write_report("pythia-14m", 1, 32, tmp_path, budget="0.9", width="demo", log=lambda line: None)
+    text = files.report.read_text()
+    assert "budget" in text
+    assert (tmp_path / "pareto.png").exists() and (tmp_path / "pareto.svg").exists()
+    assert files.result.frontier and files.result.after.peak_bytes <= files.result.before.peak_bytes
 
 
-def test_pareto_figure_uses_remat_pareto_where_it_exists(monkeypatch):
+def test_pareto_curve_is_a_staircase_with_floor_and_budget():
     from types import SimpleNamespace
 
-    monkeypatch.delattr(remat, "pareto", raising=False)
-    with pytest.raises(AttributeError, match="no remat.pareto"):
-        report.pareto_figure(object())
+    from remat import viz
+
     points = [SimpleNamespace(peak_bytes=600 * 2**20, extra_flops=0), SimpleNamespace(peak_bytes=400 * 2**20, extra_flops=10**9)]
-    monkeypatch.setattr(remat, "pareto", lambda fused: points, raising=False)
-    fig = report.pareto_figure(object())
-    (line,) = fig.axes[0].get_lines()
-    assert list(line.get_xdata()) == [600.0, 400.0]
-    assert list(line.get_ydata()) == [0, 10**9]
+    fig = viz.pareto_curve(points, step_flops=10**10, gradient_bytes=300 * 2**20, budget_bytes=500 * 2**20, chosen=points[1])
+    ax = fig.axes[0]
+    staircase = ax.get_lines()[0]
+    assert list(staircase.get_xdata())[:2] == [0.0, 10.0] and list(staircase.get_ydata())[:2] == [600.0, 400.0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any("gradients" in label for label in labels) and any("budget" in label for label in labels)
+    assert "chosen plan" in labels
+    with pytest.raises(ValueError, match="empty"):
+        viz.pareto_curve([])
+    with pytest.raises(TypeError, match="remat.pareto"):
+        viz.pareto_curve([(1, 2)])
+
+
