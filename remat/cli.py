@@ -52,8 +52,7 @@ def run_demo(args: argparse.Namespace) -> int:
     import torch
 
     import remat
-    from remat.execute import example_inputs, execute_joint, thunder_context
-    from thunder.core.rematerialization import rematerialize
+    from remat.execute import example_inputs, execute_joint, thunder_rematerialize
 
     started = time.perf_counter()
     print(
@@ -67,10 +66,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"  traced the joint forward+backward trace in {time.perf_counter() - t:.1f} s (no tensor math ran)")
     fused = remat.fuse(joint)
 
-    t = time.perf_counter()
-    with thunder_context():
-        thunder_trace = rematerialize(fused)
-    thunder_seconds = time.perf_counter() - t
+    thunder_trace, thunder_seconds = thunder_rematerialize(fused)
     thunder_profile = remat.estimate_memory(thunder_trace)
     result = remat.optimize(fused)
     graph = result.graph

@@ -29,7 +29,7 @@ from thunder.core.compile_data import compile_data_and_stats, get_compile_data  
 from thunder.core.proxies import NumberProxy, TensorProxy  # noqa: E402
 from thunder.core.trace import TraceCtx  # noqa: E402
 
-__all__ = ["JointResult", "execute_joint", "example_inputs", "split_joint", "thunder_context"]
+__all__ = ["JointResult", "execute_joint", "example_inputs", "split_joint", "thunder_context", "thunder_rematerialize"]
 
 
 @contextlib.contextmanager
@@ -42,6 +42,19 @@ def thunder_context(executors: Sequence[Any] | None = None):
     cd = CompileData(fn=lambda: None, executors_list=executors, disable_preprocessing=True)
     with compile_data_and_stats(cd, CompileStats()):
         yield
+
+
+def thunder_rematerialize(trace: TraceCtx) -> tuple[TraceCtx, float]:
+    """Thunder 0.2.6's own ``rematerialize`` on a fused trace (the baseline remat is compared with), and
+    the seconds it took."""
+    import time
+
+    from thunder.core.rematerialization import rematerialize
+
+    start = time.perf_counter()
+    with thunder_context():
+        result = rematerialize(trace)
+    return result, time.perf_counter() - start
 
 
 def split_joint(trace: TraceCtx) -> tuple[TraceCtx, TraceCtx | None]:

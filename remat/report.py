@@ -158,8 +158,7 @@ def write_report(
     module docstring for the files).  ``budget`` (see :func:`parse_budget`) is passed to
     :func:`remat.optimize` as ``memory_budget`` (an unreachable budget gives the lowest plan remat finds,
     with a note).  Raises ValueError for a bad config name, width, layer count or budget."""
-    from remat.execute import thunder_context
-    from thunder.core.rematerialization import rematerialize
+    from remat.execute import thunder_rematerialize
 
     memory_budget = parse_budget(budget)
     out = Path(out)
@@ -176,10 +175,7 @@ def write_report(
     say(f"traced in {trace_seconds:.1f} s; forming nvFuser-style regions")
     fused = remat.fuse(joint)
 
-    t = time.perf_counter()
-    with thunder_context():
-        thunder_trace = rematerialize(fused)
-    thunder_seconds = time.perf_counter() - t
+    thunder_trace, thunder_seconds = thunder_rematerialize(fused)
     thunder_profile = remat.estimate_memory(thunder_trace)
     say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from remat import _compat
 from remat.graph import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, split_phases
 from remat.plan import Plan
-from remat.regions import RegionExecutor, default_region_executor, make_region
+from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
 
 _compat.import_thunder()
 
@@ -286,15 +286,10 @@ def _proxy_map(bsyms: Sequence[BoundSymbol]) -> dict[str, Proxy]:
 
 
 def _thunder_region_io(bsyms: Sequence[BoundSymbol], outputs: Sequence[str]) -> tuple[list[Proxy], list[Proxy]]:
-    produced: dict[str, Proxy] = {}
-    inputs: dict[str, Proxy] = {}
-    for bsym in bsyms:
-        for p in bsym.flat_proxy_args:
-            if p.name not in produced and p.name not in inputs:
-                inputs[p.name] = p
-        for p in bsym.flat_proxy_outs:
-            produced.setdefault(p.name, p)
-    return list(inputs.values()), [produced[name] for name in outputs]
+    """Region inputs, and the proxies of ``outputs`` in that order."""
+    inputs, written = region_io(bsyms, outputs)
+    by_name = {p.name: p for p in written}
+    return inputs, [by_name[name] for name in outputs]
 
 
 def apply_plan(
