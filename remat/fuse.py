@@ -12,7 +12,11 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
   the run;
 * a run made only of shape ops (reshape, broadcast, transpose, ...) is not fused;
 * linear and matmul join regions only when the policy says so (nvFuser's ``nv_enable_linear`` /
-  ``nv_enable_matmul``), attention only with ``sdpa=True``.
+  ``nv_enable_matmul``), attention only with ``sdpa=True``;
+* ops that may read or write storage some op writes in place (a kv cache updated by ``copy_``, its
+  views, ``update_aliases``) stay stand-alone, as do the in-place family and ops remat does not know
+  (:func:`remat.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
+  such a buffer made inside a region would be written into a copy and the update lost.
 
 Differences (documented in docs/design.md): nvFuser also declines ops on CPU tensors and checks
 per-op dtype support; the stand-in does neither, since CPU/meta traces stand for GPU runs.  It does not
@@ -25,7 +29,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat import _compat
-from remat.ops import ATTENTION_MARKERS, NVFUSER_FUSIBLE_PRIMS, NVFUSER_MATMUL_PRIMS, NVFUSER_SHAPE_PRIMS, is_attention
+from remat.ops import (
+    NEVER_RECOMPUTE_TAGS,
+    NVFUSER_FUSIBLE_PRIMS,
+    NVFUSER_MATMUL_PRIMS,
+    NVFUSER_SHAPE_PRIMS,
+    is_attention,
+    mutated_storage,
+    op_tags,
+)
 from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
 
 _compat.import_thunder()
@@ -81,6 +93,28 @@ def _uniform_replaceable(trace: TraceCtx) -> bool:
     return True
 
 
+def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
+    """Positions of bound symbols that must not join a region: the in-place family, unknown ops, and
+    ops reading or writing storage that an op writes in place (see the module docstring)."""
+    records = []
+    for bsym, kind in zip(bsyms, kinds):
+        thunder_tags = tuple(t.name.lower() for t in (bsym.sym.tags or ()) if hasattr(t, "name"))
+        records.append(
+            (
+                kind,
+                op_tags(kind, thunder_tags),
+                tuple(p.name for p in bsym.flat_proxy_args),
+                tuple(p.name for p in bsym.flat_proxy_outs),
+            )
+        )
+    mutated = mutated_storage(records)
+    return {
+        i
+        for i, (kind, tags, inputs, outputs) in enumerate(records)
+        if tags & NEVER_RECOMPUTE_TAGS or (mutated and any(n in mutated for n in (*inputs, *outputs)))
+    }
+
+
 def fuse(
     trace: TraceCtx,
     policy: NvFuserPolicy | None = None,
@@ -93,10 +127,17 @@ def fuse(
     :func:`remat.optimize`.  Regions are named ``nvFusion0``, ``nvFusion1``, ... in trace order.
     """
     if not isinstance(trace, TraceCtx):
-        raise TypeError(f"fuse expects a Thunder trace (TraceCtx), got {type(trace).__name__}")
+        hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
+        raise TypeError(f"fuse expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
+    if not trace.bound_symbols:
+        from remat.errors import UnsupportedTraceError
+
+        raise UnsupportedTraceError("the trace has no bound symbols")
     policy = policy or NvFuserPolicy()
     if not isinstance(policy, NvFuserPolicy):
         raise TypeError(f"policy must be a remat.NvFuserPolicy, got {type(policy).__name__}")
+    if executor is not None and not isinstance(executor, RegionExecutor):
+        raise TypeError(f"executor must be a remat RegionExecutor (e.g. remat.executor()), got {type(executor).__name__}")
     executor = executor or default_region_executor()
 
     from remat.execute import thunder_context
@@ -108,6 +149,7 @@ def fuse(
 
     bsyms = list(trace.bound_symbols)
     kinds = [op_kind(b) for b in bsyms]
+    stand_alone = _stand_alone(bsyms, kinds)
     # Last position at which each name is read; a group's outputs are names read after it.
     last_read: dict[str, int] = {}
     for index, bsym in enumerate(bsyms):
@@ -119,13 +161,16 @@ def fuse(
     new_bsyms = []
     counter = 0
     index = 0
+    def fusible(i: int) -> bool:
+        return policy.can_fuse_kind(kinds[i]) and i not in stand_alone
+
     while index < len(bsyms):
-        if not policy.can_fuse_kind(kinds[index]):
+        if not fusible(index):
             new_bsyms.append(bsyms[index])
             index += 1
             continue
         end = index
-        while end + 1 < len(bsyms) and policy.can_fuse_kind(kinds[end + 1]):
+        while end + 1 < len(bsyms) and fusible(end + 1):
             end += 1
         group = bsyms[index : end + 1]
         group_kinds = kinds[index : end + 1]

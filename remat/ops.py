@@ -79,6 +79,61 @@ COTANGENT_KIND = "get_grad"
 RETURN_KIND = "return"
 BOOKKEEPING_KINDS = frozenset({"comment", "python_del", "del", "print", "sink"})
 
+# The in-place family: ops that write into an existing buffer (``copy_(src, dst)`` writes ``dst``), keep
+# state (the RNG state), record aliasing (``update_aliases``), or scatter into a copy of a buffer.  They
+# always stay stand-alone ops where the trace has them and are never recomputed (tag ``in_place``).
+MUTATING_KINDS = frozenset({"copy_"})
+IN_PLACE_KINDS = MUTATING_KINDS | frozenset(
+    """
+    update_aliases get_and_update_rng_state copy_with_setitem copy_with_setitem_impl setitem_
+    index_put index_copy index_add scatter scatter_add index_fill masked_scatter slice_scatter select_scatter
+    diagonal_scatter as_strided_scatter
+    torch.index_put torch.index_copy torch.index_add torch.scatter torch.scatter_add torch.index_fill
+    torch.Tensor.index_put_ torch.Tensor.index_copy_ torch.Tensor.index_add_ torch.Tensor.scatter_
+    torch.Tensor.scatter_add_ torch.Tensor.index_fill_ torch.Tensor.copy_ torch.Tensor.__setitem__
+    """.split()
+)
+# Tags that forbid recomputation whatever the RecomputePolicy says (see :func:`op_tags`).
+NEVER_RECOMPUTE_TAGS = frozenset({"in_place", "opaque", "no_recompute"})
+# remat's own kinds and Thunder's bookkeeping; Thunder's prims and the ops of its torch and Python
+# executors are known too (:func:`is_known_kind`).
+_REMAT_KNOWN_KINDS = frozenset({COTANGENT_KIND, RETURN_KIND, "fusion", "python_return"})
+
+
+def _tables() -> frozenset[str]:
+    return (
+        NVFUSER_FUSIBLE_PRIMS | VIEW_KINDS | MATMUL_KINDS | RNG_KINDS | STATELESS_RNG_KINDS | REDUCTION_KINDS
+        | INPUT_KINDS | BOOKKEEPING_KINDS | IN_PLACE_KINDS | _REMAT_KNOWN_KINDS
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _thunder_kinds() -> frozenset[str]:
+    """Names of Thunder's prims and of the operators its torch and Python executors register: ops whose
+    meaning Thunder defines (functional, apart from the in-place family).  Empty without Thunder."""
+    try:
+        from thunder.core.prims import PrimIDs
+        from thunder.executors import pythonex, torchex
+    except Exception:  # pragma: no cover - remat.ops works on plain strings without Thunder
+        return frozenset()
+    return frozenset(p.name.lower() for p in PrimIDs) | frozenset(torchex.ex.opmap) | frozenset(pythonex.ex.opmap)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_known_kind(kind: str) -> bool:
+    """Whether remat knows what an op of this kind does.  Known: the kinds in this module's tables,
+    attention kernels, remat's own ops (``remat_*``), Thunder's prims and torch-language symbols
+    (``torch.*``, ``Tensor.*``; of ``torch.ops`` only ``aten``), and the operators of Thunder's torch and
+    Python executors.  Unknown ops (a custom executor's kernel, a user's ``torch.ops`` library) are left
+    where the trace has them: never fused, never recomputed (tag ``opaque``)."""
+    if kind in _tables() or is_attention(kind) or kind.startswith("remat_"):
+        return True
+    if kind.startswith("torch.ops."):
+        return kind.startswith("torch.ops.aten.")
+    if kind.startswith(("torch.", "Tensor.")):
+        return True
+    return kind in _thunder_kinds()
+
 
 def is_attention(kind: str) -> bool:
     """True for fused attention kernels (treated like matmuls: never recomputed by default)."""
@@ -88,7 +143,13 @@ def is_attention(kind: str) -> bool:
 
 def op_tags(kind: str, thunder_tags: Iterable[str] = ()) -> frozenset[str]:
     """Tags remat uses for an op: subset of {"matmul", "attention", "reduction", "rng", "rng_stateless",
-    "view", "shape"}.  ``thunder_tags`` are lower-case names of Thunder ``OpTags`` on the symbol."""
+    "view", "shape", "in_place", "mutates", "opaque", "no_recompute"}.  ``thunder_tags`` are lower-case
+    names of Thunder ``OpTags`` on the symbol.
+
+    ``in_place``: the in-place family (:data:`IN_PLACE_KINDS`, or Thunder's ``IN_PLACE`` tag); ``mutates``:
+    it writes into a buffer it reads (``copy_``, Thunder ``IN_PLACE`` symbols); ``opaque``: a kind remat
+    does not know (:func:`is_known_kind`); ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``.
+    Ops with any of the last four tags except ``mutates`` alone are never recomputed."""
     return _op_tags(kind, frozenset(thunder_tags))
 
 
@@ -109,7 +170,104 @@ def _op_tags(kind: str, thunder_tags: frozenset[str]) -> frozenset[str]:
         tags.add("view")
     if kind in NVFUSER_SHAPE_PRIMS or "shape_op" in thunder_tags:
         tags.add("shape")
+    if kind in IN_PLACE_KINDS or "in_place" in thunder_tags:
+        tags.add("in_place")
+    if kind in MUTATING_KINDS or "in_place" in thunder_tags:
+        tags.add("mutates")
+    if "dont_recompute_in_backward" in thunder_tags:
+        tags.add("no_recompute")
+    if not is_known_kind(kind):
+        tags.add("opaque")
     return frozenset(tags)
+
+
+def written_buffer(kind: str, tags: Iterable[str], inputs: Sequence[str]) -> str | None:
+    """The name of the buffer an op writes in place: ``copy_(src, dst)`` writes ``dst``; a Thunder
+    ``IN_PLACE`` symbol its first argument.  None for other ops."""
+    if kind in MUTATING_KINDS:
+        return inputs[1] if len(inputs) > 1 else None
+    if "mutates" in tags and inputs:
+        return inputs[0]
+    return None
+
+
+class _Storage:
+    """Union-find over value names: names in one set may share storage."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, name: str) -> str:
+        parent = self.parent
+        root = name
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(name, name) != root:  # path compression
+            parent[name], name = root, parent[name]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+OpRecord = tuple  # (kind, tags, inputs, outputs): plain data for the functions below
+
+
+def _storage_and_writes(records: Sequence[OpRecord]) -> tuple[_Storage, dict[str, tuple[int, str]]]:
+    """Storage sets and, per set (its root), the position and kind of the last op writing it in place."""
+    storage = _Storage()
+    writes: list[tuple[int, str, str]] = []
+    for position, (kind, tags, inputs, outputs) in enumerate(records):
+        written = written_buffer(kind, tags, inputs)
+        if written is not None:
+            writes.append((position, written, kind))
+            for out in outputs:
+                storage.union(out, written)  # copy_ returns its destination
+        elif kind == "update_aliases" and inputs:  # its arguments may alias each other; outputs are them
+            for name in (*inputs, *outputs):
+                storage.union(name, inputs[0])
+        elif "view" in tags and inputs:
+            for out in outputs:
+                storage.union(out, inputs[0])
+    last: dict[str, tuple[int, str]] = {}
+    for position, written, kind in writes:
+        root = storage.find(written)
+        if root not in last or last[root][0] < position:
+            last[root] = (position, kind)
+    return storage, last
+
+
+def mutated_storage(records: Sequence[OpRecord]) -> set[str]:
+    """Names (read or written by ``records``) that may share storage with a buffer some op writes in
+    place.  ``records``: ``(kind, tags, inputs, outputs)`` per op, tags from :func:`op_tags`.  Views,
+    ``update_aliases`` and ``copy_`` link storage; an over-approximation (views inside regions count too)."""
+    if not any("mutates" in r[1] for r in records):
+        return set()
+    storage, last = _storage_and_writes(records)
+    names = {n for r in records for n in (*r[2], *r[3])}
+    return {n for n in names if storage.find(n) in last}
+
+
+def mutation_hazards(records: Sequence[OpRecord]) -> dict[int, str]:
+    """Positions of the ops that read a value sharing storage with a buffer that an op *later in*
+    ``records`` writes in place, each with the kind of that op.  ``records`` are in execution order.
+    Recomputing such an op after the write would read the new contents, so it must stay where it is.
+    Ops of the in-place family themselves are left out (they are never recomputed anyway)."""
+    if not any("mutates" in r[1] for r in records):
+        return {}
+    storage, last = _storage_and_writes(records)
+    hazards: dict[int, str] = {}
+    for position, (kind, tags, inputs, _outputs) in enumerate(records):
+        if "in_place" in tags:
+            continue
+        for name in inputs:
+            write = last.get(storage.find(name))
+            if write is not None and write[0] > position:
+                hazards[position] = write[1]
+                break
+    return hazards
 
 
 def numel(shape: Sequence[int]) -> int:

@@ -55,6 +55,7 @@ import numpy as np
 
 from remat.errors import GraphError
 from remat.graph import FusionGraph, Op
+from remat.ops import NEVER_RECOMPUTE_TAGS, mutation_hazards
 
 __all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "plain_fusion_graph", "SOURCE", "SINK", "INFINITE"]
 
@@ -63,7 +64,9 @@ SINK = 1
 #: Marker for infinite capacity in :attr:`FlowProblem.capacities` (solvers map it to their own infinity).
 INFINITE = -1
 
-KNOWN_TAGS = frozenset({"matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape"})
+KNOWN_TAGS = frozenset(
+    {"matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape", "in_place", "mutates", "opaque", "no_recompute"}
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ class RecomputePolicy:
     saving their output is cheap anyway).  ``random``: allow recomputing *stateful* random ops; never
     safe, kept for experiments only (stateless ``uniform_philox`` is always recomputable: it reproduces the
     same numbers).  ``non_fusible``: allow recomputing ops that cannot join a fusion region (they would
-    run as stand-alone kernels in the backward).
+    run as stand-alone kernels in the backward).  Whatever the policy, ops tagged ``in_place``,
+    ``opaque`` or ``no_recompute`` (:func:`remat.ops.op_tags`) are never recomputed.
     """
 
     matmul: bool = False
@@ -86,6 +90,8 @@ class RecomputePolicy:
 
     def allows(self, tags: Iterable[str], fusible: bool = True) -> bool:
         tags = set(tags)
+        if tags & NEVER_RECOMPUTE_TAGS:
+            return False
         if "matmul" in tags and not self.matmul:
             return False
         if "attention" in tags and not self.attention:
@@ -273,11 +279,33 @@ def build_problem(
         if graph.ops is None:
             raise GraphError("this FusionGraph was built with ops=False; the solver needs its operations")
         tensors = None if graph.plain else graph.tensors
-        return _build(graph.ops, tensors, set(graph.forward_outputs), policy, *pricing)
+        ops = graph.ops
+        hazards = mutation_hazard_ops(graph)
+        if hazards:  # ops reading a buffer that is written in place later: never recomputed
+            ops = [op._replace(recompute="never") if op.id in hazards else op for op in ops]
+        return _build(ops, tensors, set(graph.forward_outputs), policy, *pricing)
     if validate:
         validate_graph(graph)
     held = set(graph.graph.get("forward_outputs", ()))
     return _build(records_from_nx(graph), graph.graph.get("tensors"), held, policy, *pricing)
+
+
+def mutation_hazard_ops(graph: FusionGraph) -> dict[Hashable, str]:
+    """Forward op nodes of a trace graph that read a value sharing storage with a buffer an op writes in
+    place *later* in the step (a kv cache updated by ``copy_``), each with the kind of that op
+    (:func:`remat.ops.mutation_hazards`).  Recomputing them in the backward would read the new contents,
+    so :func:`build_problem` never recomputes them.  Empty for plain graphs; cached on the graph."""
+    cached = graph.__dict__.get("_mutation_hazards")
+    if cached is not None:
+        return cached
+    hazards: dict[Hashable, str] = {}
+    if graph.ops is not None and not graph.plain:
+        ops = graph.ops
+        order = sorted(range(len(ops)), key=lambda i: (ops[i].phase != "forward", i))  # execution order
+        found = mutation_hazards([(ops[i].kind, ops[i].tags, ops[i].inputs, ops[i].outputs) for i in order])
+        hazards = {ops[order[k]].id: kind for k, kind in found.items() if ops[order[k]].phase == "forward"}
+    graph.__dict__["_mutation_hazards"] = hazards
+    return hazards
 
 
 def _build(
