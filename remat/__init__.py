@@ -7,9 +7,12 @@ _compat.import_thunder()
 from remat.errors import (  # noqa: E402
     GraphError,
     InfeasibleError,
+    InPlaceError,
     NoBackwardError,
+    OptimizationError,
     RematError,
     TraceCaptureError,
+    UnknownOpError,
     UnsupportedTraceError,
 )
 from remat.trace import training_trace  # noqa: E402

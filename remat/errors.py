@@ -25,3 +25,17 @@ class GraphError(RematError, ValueError):
 
 class InfeasibleError(RematError, ValueError):
     """No finite cut exists: the backward needs a value that may neither be saved nor recomputed."""
+
+
+class UnknownOpError(UnsupportedTraceError):
+    """``strict=True``: the forward holds an op remat does not know (it would be left as it is)."""
+
+
+class InPlaceError(UnsupportedTraceError):
+    """``strict=True``: an in-place op writes a buffer that earlier ops read, so those ops would be left as
+    they are (recomputing them after the write would read the new contents)."""
+
+
+class OptimizationError(RematError, RuntimeError):
+    """``strict=True``: fusing, solving or rewriting failed, or the plan would raise the estimated peak.
+    Without ``strict`` remat keeps the trace as it was and warns (:class:`remat.OptimizationWarning`)."""

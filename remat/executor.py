@@ -21,10 +21,12 @@ nvFuser runs them, see :func:`remat.nvfuser.linear_supported`); ``linear="auto"`
 plans each variant and keeps the lowest *estimated* peak (per trace, not per region), so it inherits
 that blind spot.
 
-Nothing breaks ``thunder.jit``: if fusing fails the trace is returned as Thunder gave it (its prims then
-run with Thunder's torch executor); if planning fails the fused trace is used; each with one warning.
-``strict=True`` raises instead.  The last compilation's :class:`remat.Result` is kept in
-``executor.last_result``.
+Nothing breaks ``thunder.jit`` (docs/robustness.md): a trace with symbolic shapes, or one that fusing
+fails on, is returned as Thunder gave it (its prims then run with Thunder's torch executor); if planning
+fails the fused trace is used; ops remat does not know, and ops reading a buffer written in place later,
+stay as they are while the rest is optimized; each cause with one :class:`remat.OptimizationWarning`.
+``strict=True`` raises a :class:`remat.RematError` subclass instead.  The last compilation's
+:class:`remat.Result` is kept in ``executor.last_result`` (None after an inference or fallen-back one).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from remat import _compat
-from remat.errors import RematError
+from remat.errors import OptimizationError, RematError, UnsupportedTraceError
 from remat.fuse import NvFuserPolicy, fuse
 from remat.pipeline import OptimizationWarning, Result, optimize
 from remat.problem import RecomputePolicy
@@ -66,13 +68,15 @@ class RematExecutor(RegionExecutor):
         strict: bool = False,
         name: str = "remat",
     ) -> None:
-        super().__init__(name, backend=backend)
-        if memory_budget is not None and (not isinstance(memory_budget, (int, float)) or memory_budget <= 0):
-            raise ValueError(f"memory_budget must be a positive number of bytes or a fraction, got {memory_budget!r}")
+        from remat.validation import check_memory_budget, check_recompute_policy
+
+        check_memory_budget(memory_budget)
         if policy is not None and not isinstance(policy, NvFuserPolicy):
             raise TypeError(f"policy must be a remat.NvFuserPolicy, got {type(policy).__name__}")
-        if recompute is not None and not isinstance(recompute, RecomputePolicy):
-            raise TypeError(f"recompute must be a remat.RecomputePolicy, got {type(recompute).__name__}")
+        check_recompute_policy(recompute, "recompute")
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be True or False, got {type(strict).__name__}")
+        super().__init__(name, backend=backend)
         if policy is None:
             policy = NvFuserPolicy()
         elif self.backend == "nvfuser" and (policy.linear or policy.matmul):
@@ -97,24 +101,35 @@ class RematExecutor(RegionExecutor):
 
     # Thunder calls this with the joint trace
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
+        """Thunder's hook: fuse and plan ``trace`` (module docstring); never raises unless ``strict``."""
         start = time.perf_counter()
         self.notes = []
+        self.last_result = None
         flat = from_trace(trace)
         flat.bound_symbols = _flatten_claimed(self, trace.bound_symbols)
+        symbolic = _symbolic_shape(flat)
+        if symbolic is not None:
+            return self._left_as_thunder_made_it(flat, symbolic, UnsupportedTraceError(symbolic), start)
         try:
             result_trace = self._fuse_and_optimize(flat)
         except Exception as exc:
             if self.strict:
-                raise
-            warnings.warn(
-                f"remat could not fuse this trace and left it as Thunder made it ({type(exc).__name__}: {exc})",
-                OptimizationWarning,
-                stacklevel=2,
-            )
-            self.notes.append(f"fusion failed: {exc}")
-            result_trace = flat
+                if isinstance(exc, RematError):
+                    raise
+                raise OptimizationError(f"remat could not fuse this trace: {type(exc).__name__}: {exc}") from exc
+            return self._left_as_thunder_made_it(flat, f"fusing failed: {type(exc).__name__}: {exc}", None, start)
         self.last_seconds = time.perf_counter() - start
         return result_trace
+
+    def _left_as_thunder_made_it(self, flat: TraceCtx, reason: str, error: Exception | None, start: float) -> TraceCtx:
+        """Whole-trace fallback: the trace as Thunder handed it (claimed symbols flattened to prims, which
+        Thunder's torch executor runs), with one warning; ``strict`` raises ``error`` instead."""
+        if self.strict and error is not None:
+            raise error
+        warnings.warn(f"remat left this trace as Thunder made it: {reason}", OptimizationWarning, stacklevel=3)
+        self.notes.append(reason)
+        self.last_seconds = time.perf_counter() - start
+        return flat
 
     def _fuse_and_optimize(self, flat: TraceCtx) -> TraceCtx:
         from remat.trace import is_joint_trace
@@ -123,20 +138,52 @@ class RematExecutor(RegionExecutor):
         if not is_joint_trace(flat):  # inference: nothing to rematerialize
             return fuse(flat, variants[0], executor=self)
         best: Result | None = None
+        best_warnings: list[str] = []
         for variant in variants:
             fused = fuse(flat, variant, executor=self)
-            with warnings.catch_warnings():
-                if len(variants) > 1:
-                    warnings.simplefilter("ignore", OptimizationWarning)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", OptimizationWarning)
                 result = optimize(fused, self.memory_budget, policy=self.recompute, strict=self.strict)
+            for w in caught:  # other warnings pass through; remat's own are shown once, for the plan kept
+                if not issubclass(w.category, OptimizationWarning):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             result.notes.append(f"regions: {variant}")
             if best is None or result.after.peak_bytes < best.after.peak_bytes:
                 best = result
+                best_warnings = [str(w.message) for w in caught if issubclass(w.category, OptimizationWarning)]
         assert best is not None
-        if not best.applied and len(variants) > 1:
-            warnings.warn(f"remat left the trace as it was: {best.notes[0]}", OptimizationWarning, stacklevel=3)
+        for message in dict.fromkeys(best_warnings):
+            warnings.warn(message, OptimizationWarning, stacklevel=4)
         self.last_result = best
         return best.trace
+
+
+def _symbolic_shape(trace: TraceCtx) -> str | None:
+    """Why remat cannot plan ``trace`` when a tensor in it has a symbolic shape (``thunder.jit(...,
+    cache="symbolic values")``), else None."""
+    from thunder.core.proxies import TensorProxy
+
+    def check(proxy) -> str | None:
+        if isinstance(proxy, TensorProxy):
+            shape = getattr(proxy, "_shape", None) or ()
+            if any(type(d) is not int for d in shape):
+                dims = ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
+                return (
+                    f"tensor {proxy.name} has a symbolic shape ({dims}); remat plans static shapes only "
+                    "(thunder.jit's default cache option)"
+                )
+        return None
+
+    for proxy in trace.args:
+        found = check(proxy)
+        if found:
+            return found
+    for bsym in trace.bound_symbols:
+        for proxy in bsym.flat_proxy_outs:
+            found = check(proxy)
+            if found:
+                return found
+    return None
 
 
 def _policy_variants(policy: NvFuserPolicy) -> list[NvFuserPolicy]:
@@ -214,6 +261,8 @@ def jit(
     """
     if not callable(fn):
         raise TypeError(f"remat.jit expects a torch.nn.Module or a callable, got {type(fn).__name__}")
+    if isinstance(fn, thunder.ThunderModule) or hasattr(fn, "_lc_cd"):
+        raise TypeError("remat.jit expects the plain module or function, not one already wrapped by thunder.jit")
     if "executors" in jit_options:
         raise TypeError("remat.jit chooses the executors; use thunder.jit(fn, executors=[..., remat.executor()]) to pick your own")
     ex = executor(memory_budget, backend, policy, recompute=recompute, strict=strict)

@@ -12,13 +12,14 @@ import warnings
 from dataclasses import dataclass, field
 
 from remat import _compat
-from remat.errors import RematError
+from remat.errors import InPlaceError, OptimizationError, RematError, UnknownOpError
 from remat.graph import FusionGraph
 from remat.memory import MemoryProfile, profile_graph
 from remat.plan import Plan, plan_from_cut
-from remat.problem import RecomputePolicy, build_problem
+from remat.problem import RecomputePolicy, build_problem, mutation_hazard_ops
 from remat.rewrite import apply_plan
 from remat.solver import min_cut
+from remat.validation import check_memory_budget, check_recompute_policy, check_solver_backend
 
 _compat.import_thunder()
 
@@ -92,11 +93,26 @@ def optimize(
     ``policy`` says what may be recomputed (default: no matmuls, attention, reductions or stateful RNG).
     ``memory_budget`` (bytes, or a fraction of the un-optimized estimated peak) asks for more
     recomputation until the estimated peak fits; see :mod:`remat.budget`.  ``backend`` picks the min-cut
-    solver (``"scipy"`` or ``"networkx"``).  With ``strict=True`` failures raise instead of falling back.
+    solver (``"scipy"`` or ``"networkx"``).
+
+    What remat cannot handle is left as the trace has it, each cause with one
+    :class:`OptimizationWarning` (docs/robustness.md): a failing solve or rewrite, or a plan that would
+    raise the estimated peak, returns the input trace (``applied=False``); forward ops of a kind remat
+    does not know, and ops reading a buffer that an in-place op writes later, are never recomputed (the
+    rest is optimized).  With ``strict=True`` each of these raises a :class:`remat.RematError` subclass
+    instead (:class:`~remat.OptimizationError`, :class:`~remat.UnknownOpError`,
+    :class:`~remat.InPlaceError`).  ``Result.original`` is always the input trace, unchanged.
+
+    Raises ``TypeError`` (not a trace; wrong budget or policy type), ``ValueError`` (unknown backend,
+    non-positive budget), :class:`remat.NoBackwardError` (no backward),
+    :class:`remat.UnsupportedTraceError` (empty trace, symbolic shapes).
     """
     if not isinstance(trace, TraceCtx):
         hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
         raise TypeError(f"optimize expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
+    check_memory_budget(memory_budget)
+    check_recompute_policy(policy)
+    check_solver_backend(backend)
     return _optimize(trace, memory_budget, policy=policy, backend=backend, strict=strict)
 
 
@@ -127,10 +143,53 @@ def _optimize(
         plan = plan_from_cut(problem, cut, policy)
     except Exception as exc:  # a solver failure must never break the user's training step
         if strict:
-            raise
+            _raise_strict(f"solver failed: {type(exc).__name__}: {exc}", exc)
         reason = f"solver: {exc}" if isinstance(exc, RematError) else f"solver failed: {type(exc).__name__}: {exc}"
         return _fallback(trace, graph, before, reason, start)
     return _optimize_with_plan(trace, graph, before, plan, strict=strict, start=start)
+
+
+def _raise_strict(reason: str, exc: BaseException | None = None) -> None:
+    """``strict=True``: a :class:`RematError` as it is, anything else as an :class:`OptimizationError`."""
+    if isinstance(exc, RematError):
+        raise exc
+    raise OptimizationError(reason) from exc
+
+
+def _count(kinds) -> str:
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{kind} x{n}" if n > 1 else kind for kind, n in sorted(counts.items()))
+
+
+def left_as_is(graph: FusionGraph) -> list[tuple[type[RematError], str]]:
+    """What remat leaves as the trace has it in a joint trace it can otherwise plan: one
+    ``(error class, message)`` per cause (unknown forward ops; forward ops reading a buffer an in-place op
+    writes later).  Those ops are never recomputed (:func:`remat.problem.build_problem` pins them)."""
+    causes: list[tuple[type[RematError], str]] = []
+    unknown = [op.kind for op in graph.ops if op.phase == "forward" and "opaque" in op.tags]
+    if unknown:
+        causes.append(
+            (
+                UnknownOpError,
+                f"remat does not know the forward op(s) {_count(unknown)}: left as the trace has them "
+                "(stand-alone, never recomputed); the rest of the trace is optimized",
+            )
+        )
+    hazards = mutation_hazard_ops(graph)
+    if hazards:
+        readers = [graph.ops[n].kind for n in hazards]
+        writers = sorted(set(hazards.values()))
+        causes.append(
+            (
+                InPlaceError,
+                f"in-place op(s) {', '.join(writers)} write buffers that {len(readers)} earlier forward op(s) read "
+                f"({_count(readers)}): those are left as the trace has them (never recomputed, since a "
+                "recomputation would read the new contents); the rest of the trace is optimized",
+            )
+        )
+    return causes
 
 
 def _fallback(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, reason: str, start: float) -> Result:
@@ -143,12 +202,18 @@ def _optimize_with_plan(
     trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, plan: Plan, *, strict: bool, start: float
 ) -> Result:
     """Rewrite ``trace`` by ``plan`` and measure it; the input trace comes back if that fails or would
-    raise the estimated peak."""
+    raise the estimated peak.  Parts left as they are (:func:`left_as_is`) are warned about here, once."""
+    notes: list[str] = []
+    for error, message in left_as_is(graph):
+        if strict:
+            raise error(message)
+        warnings.warn(message, OptimizationWarning, stacklevel=4)
+        notes.append(message)
     try:
         rewritten = apply_plan(trace, graph, plan)
     except Exception as exc:  # a rewrite bug must never break the user's training step
         if strict:
-            raise
+            _raise_strict(f"rewrite failed: {type(exc).__name__}: {exc}", exc)
         return _fallback(trace, graph, before, f"rewrite failed: {type(exc).__name__}: {exc}", start)
     after = profile_graph(FusionGraph.from_trace(rewritten.trace, ops=False))
     if after.peak_bytes > before.peak_bytes:
@@ -157,7 +222,7 @@ def _optimize_with_plan(
             f"{after.peak_bytes / 2**20:.1f} MiB)"
         )
         if strict:
-            raise RematError(reason)
+            raise OptimizationError(reason)
         return _fallback(trace, graph, before, reason, start)
     return Result(
         trace=rewritten.trace,
@@ -169,7 +234,7 @@ def _optimize_with_plan(
         step_flops=sum(op.flops for op in graph.ops),
         seconds=time.perf_counter() - start,
         applied=True,
-        notes=rewritten.notes,
+        notes=notes + rewritten.notes,
         original=trace,
         placements=rewritten.placements,
     )

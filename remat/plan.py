@@ -111,8 +111,14 @@ def solve(
     ``memory_budget`` (bytes, or a fraction of the plan's saved bytes with nothing recomputed) is not
     used by the default plan, which saves as little as it can under ``policy``; see
     :func:`remat.optimize` for budgets.  Raises :class:`remat.GraphError` for malformed graphs and
-    :class:`remat.InfeasibleError` when no finite cut exists.
+    :class:`remat.InfeasibleError` when no finite cut exists; ``TypeError``/``ValueError`` for a wrong
+    budget, policy or backend.
     """
+    from remat.validation import check_memory_budget, check_recompute_policy, check_solver_backend
+
+    check_memory_budget(memory_budget)
+    check_recompute_policy(policy)
+    check_solver_backend(backend)
     if memory_budget is not None:
         from remat.budget import solve_with_budget
 

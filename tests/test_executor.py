@@ -1,7 +1,5 @@
 """remat.jit / remat.executor on CPU: a training step under thunder.jit matches eager PyTorch."""
 
-import warnings
-
 import pytest
 import torch
 
@@ -17,28 +15,7 @@ def train_step(model, idx):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize(
-    "name, overrides",
-    [
-        ("pythia-14m", dict(n_layer=2)),
-        ("Llama-2-7b-hf", dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=2, intermediate_size=128)),
-    ],
-)
-def test_training_step_matches_eager(name, overrides):
-    model = tiny_litgpt(name, **overrides).double()
-    reference = tiny_litgpt(name, **overrides).double()
-    reference.load_state_dict(model.state_dict())
-    idx = torch.randint(0, 128, (2, 16))
-    jitted = remat.jit(model)
-    for step in range(2):  # the second call reuses the compiled step
-        loss, grads = train_step(jitted, idx)
-        expected_loss, expected_grads = train_step(reference, idx)
-        torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=0)
-        for g, e in zip(grads, expected_grads):
-            torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
-    result = remat.executor_of(jitted).last_result
-    assert result is not None and result.applied
-    assert result.after.saved_bytes < result.before.saved_bytes
+# The training step against eager for every LitGPT family: tests/test_families.py.
 
 
 def test_inference_call_is_fused_without_planning():
@@ -97,18 +74,4 @@ def test_bad_arguments():
             remat.executor(backend="nvfuser")
 
 
-def test_a_failing_plan_keeps_the_step_running(monkeypatch):
-    import remat.pipeline as pipeline
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("simulated solver crash")
-
-    monkeypatch.setattr(pipeline, "min_cut", broken)
-    model = tiny_litgpt()
-    jitted = remat.jit(model, backend="torch", policy=remat.NvFuserPolicy())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        train_step(jitted, torch.randint(0, 128, (1, 8)))
-    messages = [str(w.message) for w in caught if issubclass(w.category, remat.OptimizationWarning)]
-    assert any("simulated solver crash" in m for m in messages)
-    assert not remat.executor_of(jitted).last_result.applied
+# Fallbacks (a failing plan, fusing, symbolic shapes, unknown and in-place ops): tests/test_fallbacks.py.
