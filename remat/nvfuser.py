@@ -316,8 +316,15 @@ def definition_source(
     ``example=True`` the script ends with a ``__main__`` block that runs the fusion on random CUDA inputs.
     Raises :class:`EmitError` for ops remat cannot write.
     """
+    if not isinstance(region, BoundSymbol):
+        hint = " (take one from trace.bound_symbols where bsym.sym.is_fusion)" if hasattr(region, "bound_symbols") else ""
+        raise TypeError(f"definition_source expects a fusion region (a BoundSymbol), got {type(region).__name__}{hint}")
     if not getattr(region.sym, "is_fusion", False):
         raise TypeError(f"definition_source expects a fusion region (bsym.sym.is_fusion), got {region.sym.name}")
+    if input_descriptors is not None and len(input_descriptors) != len(region.args):
+        raise ValueError(
+            f"input_descriptors has {len(input_descriptors)} entries for the {len(region.args)} inputs of {region.sym.name}"
+        )
     name = region.sym.name
     inputs = list(region.args)
     outputs = [p for p in region.flat_outs if isinstance(p, Proxy)]
