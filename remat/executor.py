@@ -95,6 +95,7 @@ class RematExecutor(RegionExecutor):
         self.last_result: Result | None = None
         self.last_seconds: float = 0.0
         self.notes: list[str] = []
+        self._stage = "fusing"  # what fusion_pass is doing, for the fallback warning
 
     def __repr__(self) -> str:
         return f"RematExecutor(backend={self.backend!r}, policy={self.policy}, memory_budget={self.memory_budget})"
@@ -116,8 +117,9 @@ class RematExecutor(RegionExecutor):
             if self.strict:
                 if isinstance(exc, RematError):
                     raise
-                raise OptimizationError(f"remat could not fuse this trace: {type(exc).__name__}: {exc}") from exc
-            return self._left_as_thunder_made_it(flat, f"fusing failed: {type(exc).__name__}: {exc}", None, start)
+                raise OptimizationError(f"remat failed on this trace ({self._stage}): {type(exc).__name__}: {exc}") from exc
+            reason = f"{self._stage} failed: {type(exc).__name__}: {exc}"
+            return self._left_as_thunder_made_it(flat, reason, None, start)
         self.last_seconds = time.perf_counter() - start
         return result_trace
 
@@ -136,11 +138,14 @@ class RematExecutor(RegionExecutor):
 
         variants = _policy_variants(self.policy)
         if not is_joint_trace(flat):  # inference: nothing to rematerialize
+            self._stage = "fusing"
             return fuse(flat, variants[0], executor=self)
         best: Result | None = None
         best_warnings: list[str] = []
         for variant in variants:
+            self._stage = "fusing"
             fused = fuse(flat, variant, executor=self)
+            self._stage = "planning"
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", OptimizationWarning)
                 result = optimize(fused, self.memory_budget, policy=self.recompute, strict=self.strict)

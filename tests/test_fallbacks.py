@@ -5,7 +5,7 @@ gives eager's numbers and the un-optimized trace stays usable.
 | cause | what is left alone | test |
 |---|---|---|
 | symbolic shapes | the whole trace | test_symbolic_shapes_leave_the_trace_as_thunder_made_it |
-| fusing fails | the whole trace | test_fusing_failure_leaves_the_trace_as_thunder_made_it |
+| fusing, or planning, raises | the whole trace | test_fusing_failure_leaves_the_trace_as_thunder_made_it |
 | solver fails / no finite cut | the fused trace, unplanned | test_solver_failure_keeps_the_fused_trace |
 | rewrite fails | the fused trace, unplanned | test_rewrite_failure_keeps_the_fused_trace |
 | plan raises the peak | the fused trace, unplanned | test_plan_raising_the_peak_keeps_the_fused_trace |
@@ -83,19 +83,22 @@ def test_symbolic_shapes_leave_the_trace_as_thunder_made_it():
         strict(*mlp_inputs())
 
 
-def test_fusing_failure_leaves_the_trace_as_thunder_made_it(monkeypatch):
+@pytest.mark.parametrize("stage, function", [("fusing", "fuse"), ("planning", "optimize")])
+def test_fusing_failure_leaves_the_trace_as_thunder_made_it(monkeypatch, stage, function):
+    """``planning``: an exception escaping remat.optimize itself (optimize catches solver and rewrite
+    failures; this stands for anything else, e.g. in the budget search)."""
     import importlib
 
     def broken(*args, **kwargs):
-        raise RuntimeError("simulated fusion bug")
+        raise RuntimeError(f"simulated {stage} bug")
 
-    monkeypatch.setattr(importlib.import_module("remat.executor"), "fuse", broken)
+    monkeypatch.setattr(importlib.import_module("remat.executor"), function, broken)
     jitted = remat.jit(mlp, backend="torch")
     _, messages = run_recording(step_matches_eager, jitted)
-    assert messages == ["remat left this trace as Thunder made it: fusing failed: RuntimeError: simulated fusion bug"]
+    assert messages == [f"remat left this trace as Thunder made it: {stage} failed: RuntimeError: simulated {stage} bug"]
     assert remat.executor_of(jitted).last_result is None
     strict = remat.jit(mlp, backend="torch", strict=True)
-    with pytest.raises(remat.OptimizationError, match="simulated fusion bug") as info:
+    with pytest.raises(remat.OptimizationError, match=f"simulated {stage} bug") as info:
         strict(*mlp_inputs())
     assert isinstance(info.value.__cause__, RuntimeError)
 
