@@ -33,7 +33,8 @@ Plain-graph schema (documented in docs/graph-schema.md):
 ``recompute`` (optional)
     ``"allowed"`` or ``"never"``; default from ``tags`` and the :class:`RecomputePolicy`.
 ``tags`` (optional)
-    iterable of strings; ``matmul``, ``attention``, ``rng``, ``reduction`` are never recomputed by default.
+    iterable of strings; ``matmul``, ``attention``, ``rng``, ``reduction`` are never recomputed by default;
+    ``in_place``, ``opaque``, ``no_recompute`` never are, whatever the policy.
 ``is_input`` / ``is_param`` (optional)
     the node's values are always available (free, never in the network).
 ``savable`` (optional, default True)
