@@ -96,23 +96,18 @@ def _uniform_replaceable(trace: TraceCtx) -> bool:
 def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
     """Positions of bound symbols that must not join a region: the in-place family, unknown ops, and
     ops reading or writing storage that an op writes in place (see the module docstring)."""
-    records = []
-    for bsym, kind in zip(bsyms, kinds):
-        thunder_tags = tuple(t.name.lower() for t in (bsym.sym.tags or ()) if hasattr(t, "name"))
-        records.append(
-            (
-                kind,
-                op_tags(kind, thunder_tags),
-                tuple(p.name for p in bsym.flat_proxy_args),
-                tuple(p.name for p in bsym.flat_proxy_outs),
-            )
-        )
-    mutated = mutated_storage(records)
-    return {
-        i
-        for i, (kind, tags, inputs, outputs) in enumerate(records)
-        if tags & NEVER_RECOMPUTE_TAGS or (mutated and any(n in mutated for n in (*inputs, *outputs)))
-    }
+    tags = [
+        op_tags(kind, tuple(t.name.lower() for t in (bsym.sym.tags or ()) if hasattr(t, "name")))
+        for bsym, kind in zip(bsyms, kinds)
+    ]
+    stand_alone = {i for i, t in enumerate(tags) if t & NEVER_RECOMPUTE_TAGS}
+    if not any("mutates" in t for t in tags):  # the common case: nothing is written in place
+        return stand_alone
+    names = [
+        (tuple(p.name for p in bsym.flat_proxy_args), tuple(p.name for p in bsym.flat_proxy_outs)) for bsym in bsyms
+    ]
+    mutated = mutated_storage([(kind, t, ins, outs) for kind, t, (ins, outs) in zip(kinds, tags, names)])
+    return stand_alone | {i for i, (ins, outs) in enumerate(names) if any(n in mutated for n in (*ins, *outs))}
 
 
 def fuse(
