@@ -25,7 +25,7 @@ _compat.import_thunder()
 
 from thunder.core.trace import TraceCtx  # noqa: E402
 
-__all__ = ["Result", "optimize", "OptimizationWarning"]
+__all__ = ["Result", "optimize", "OptimizationWarning", "left_as_is"]
 
 
 class OptimizationWarning(UserWarning):

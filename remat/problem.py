@@ -58,7 +58,16 @@ from remat.errors import GraphError
 from remat.graph import FusionGraph, Op
 from remat.ops import NEVER_RECOMPUTE_TAGS, mutation_hazards
 
-__all__ = ["RecomputePolicy", "FlowProblem", "build_problem", "plain_fusion_graph", "SOURCE", "SINK", "INFINITE"]
+__all__ = [
+    "RecomputePolicy",
+    "FlowProblem",
+    "build_problem",
+    "mutation_hazard_ops",
+    "plain_fusion_graph",
+    "SOURCE",
+    "SINK",
+    "INFINITE",
+]
 
 SOURCE = 0
 SINK = 1
