@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
-from remat.errors import GraphError, RematError
+from remat.errors import GraphError, OptimizationError
 from remat.graph import FusionGraph
 from remat.memory import MemoryProfile, lifetimes, profile_graph
 from remat.plan import Plan, plan_from_cut
@@ -240,7 +240,7 @@ def optimize_with_budget(trace, memory_budget, *, policy=None, backend="scipy", 
             f"{point.peak_bytes / mib:.1f} MiB (recomputing {point.extra_flops:.3g} FLOPs); using that plan"
         )
         if strict:
-            raise RematError(message)
+            raise OptimizationError(message)
         warnings.warn(message, OptimizationWarning, stacklevel=3)
         result.notes.append(message)
     result.frontier = frontier

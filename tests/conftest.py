@@ -31,6 +31,15 @@ def tiny_litgpt(name="pythia-14m", **overrides):
     return GPT(config)
 
 
+def train_step(model, idx):
+    """One training step from zero gradients: the loss and a copy of every parameter's gradient."""
+    for p in model.parameters():
+        p.grad = None
+    loss = model(idx).float().pow(2).mean()
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
 @pytest.fixture(scope="session")
 def pythia_trace():
     """Joint trace of a 1-layer tiny GPT-NeoX (pythia) model on the meta device."""

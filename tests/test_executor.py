@@ -4,15 +4,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt
-
-
-def train_step(model, idx):
-    for p in model.parameters():
-        p.grad = None
-    loss = model(idx).float().pow(2).mean()
-    loss.backward()
-    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+from conftest import tiny_litgpt, train_step
 
 
 # The training step against eager for every LitGPT family: tests/test_families.py.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt
+from conftest import tiny_litgpt, train_step
 
 # family -> (LitGPT config name, overrides of tiny_litgpt's n_embd=64, n_head=4, n_layer=1, vocab 128)
 FAMILIES = {
@@ -69,14 +69,6 @@ def model_pair(family, **more):
     reference = tiny_litgpt(name, **overrides).double()
     reference.load_state_dict(model.state_dict())
     return model, reference
-
-
-def train_step(model, idx):
-    for p in model.parameters():
-        p.grad = None
-    loss = model(idx).float().pow(2).mean()
-    loss.backward()
-    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
 def remat_warnings(caught):
