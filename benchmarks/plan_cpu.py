@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402
-from remat.execute import thunder_context  # noqa: E402
+from remat.execute import thunder_rematerialize  # noqa: E402
 
 MIB = 2**20
 SEQ = 4096
@@ -126,7 +126,6 @@ def torch_compile_saved_bytes(config) -> int:
 
 def run_config(name: str, layers: int, repeats: int) -> dict:
     from litgpt import GPT
-    from thunder.core.rematerialization import rematerialize
 
     config = litgpt_config(name, layers)
     with torch.device("meta"):
@@ -137,8 +136,7 @@ def run_config(name: str, layers: int, repeats: int) -> dict:
     no_remat_profile = remat.estimate_memory(fused)  # nvFuser regions, no rematerialization
 
     def thunder_pass():
-        with thunder_context():
-            return rematerialize(fused)
+        return thunder_rematerialize(fused)[0]
 
     def thunder_pass_paused():
         gc.disable()
