@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import remat  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
 
 MIB = 2**20
-MODES = ("eager", "thunder", "remat", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -62,6 +62,9 @@ def make(mode: str, module: torch.nn.Module):
         return thunder.jit(module, nv_enable_linear=True), None
     if mode == "thunder+linear+matmul":
         return thunder.jit(module, nv_enable_linear=True, nv_enable_matmul=True), None
+    if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
+        jitted = remat.jit(module, attention="thunder")
+        return jitted, remat.executor_of(jitted)
     if mode in ("remat", "remat-no-linear"):
         policy = remat.NvFuserPolicy() if mode == "remat-no-linear" else None
         jitted = remat.jit(module, policy=policy)
@@ -179,7 +182,7 @@ def render(path: str) -> str:
             )
     notes = []
     for (model, layers, seq), modes in groups.items():
-        for remat_mode in ("remat", "remat-no-linear"):
+        for remat_mode in [m for m in MODES if m.startswith("remat")]:
             r = modes.get(remat_mode)
             if r and "error" not in r:
                 notes.append(

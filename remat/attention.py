@@ -33,7 +33,7 @@ from thunder.core.transforms import get_grad, put_grads  # noqa: E402
 from thunder.extend import OperatorExecutor, register_executor  # noqa: E402
 import thunder.torch as ltorch  # noqa: E402
 
-__all__ = ["attention_executor"]
+__all__ = ["attention_executor", "cudnn_attention_executor", "cudnn_attention_available"]
 
 attention_executor = OperatorExecutor("remat_sdpa", version="0.1")
 register_executor(attention_executor)
@@ -129,4 +129,101 @@ attention_executor.register_implementation(
     checker=_checker,
     execution_transform=_execution,
     grad_transform=_grad_transform,
+)
+
+
+# ------------------------------------------------------------------------------ cuDNN attention (GPU)
+#
+# On Hopper GPUs PyTorch itself prefers cuDNN's fused attention (``scaled_dot_product_attention``
+# dispatches there, and so does torch.compile), while Thunder 0.2.6's ``sdpa`` executor always calls the
+# flash / memory-efficient kernels.  Measured on the H200 (stablecode-3b, 2 layers, seq 4096, bf16): the
+# flash backward took 2.4 ms per step against cuDNN's 1.35 ms, the forward 0.83 against 0.49 ms.  Both
+# save the same things (q, k, v, the output and a float32 logsumexp), so the memory model is unchanged.
+#
+# ``remat_cudnn_sdpa_fwd(q, k, v, is_causal, scale) -> (out, logsumexp, philox_seed, philox_offset)``
+# ``remat_cudnn_sdpa_bwd(grad_out, q, k, v, out, logsumexp, philox_seed, philox_offset, is_causal, scale)``
+# run ``aten._scaled_dot_product_cudnn_attention`` and its backward.  Claimed only where PyTorch's cuDNN
+# attention applies: CUDA, bf16/fp16, no mask, no dropout, equal head counts, head size a multiple of 8
+# up to 128, a GPU of compute capability 9.0 or newer with cuDNN 9 and PyTorch's cuDNN SDPA enabled.
+
+cudnn_attention_executor = OperatorExecutor("remat_cudnn_sdpa", version="0.1")
+register_executor(cudnn_attention_executor)
+
+
+def cudnn_attention_available(device_index: int | None = None) -> bool:
+    """Whether PyTorch's cuDNN fused attention can run on this machine (see above)."""
+    if not torch.cuda.is_available() or not torch.backends.cudnn.is_available():
+        return False
+    if not torch.backends.cuda.cudnn_sdp_enabled() or (torch.backends.cudnn.version() or 0) < 90000:
+        return False
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def _cudnn_forward_meta(query, key, value, is_causal, scale):
+    out = TensorProxy(like=query, shape=(*query.shape[:-1], value.shape[-1]))
+    logsumexp = TensorProxy(like=query, shape=(*query.shape[:-1], 1), dtype=dtypes.float32)
+    philox_seed = TensorProxy(like=query, shape=(), dtype=dtypes.int64)
+    philox_offset = TensorProxy(like=query, shape=(), dtype=dtypes.int64)
+    return out, logsumexp, philox_seed, philox_offset
+
+
+def _cudnn_forward_impl(query, key, value, is_causal, scale):
+    out, logsumexp, _, _, _, _, philox_seed, philox_offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        query, key, value, None, True, 0.0, is_causal, False, scale=scale
+    )
+    return out, logsumexp, philox_seed, philox_offset
+
+
+def _cudnn_backward_meta(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, is_causal, scale):
+    return TensorProxy(like=query), TensorProxy(like=key), TensorProxy(like=value)
+
+
+def _cudnn_backward_impl(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, is_causal, scale):
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset,
+        None, None, None, query.shape[-2], key.shape[-2], 0.0, is_causal, scale=scale,
+    )
+
+
+cudnn_sdpa_forward = cudnn_attention_executor.register_operator(
+    "remat_cudnn_sdpa_fwd", meta=_cudnn_forward_meta, fn=_cudnn_forward_impl
+)
+cudnn_sdpa_backward = cudnn_attention_executor.register_operator(
+    "remat_cudnn_sdpa_bwd", meta=_cudnn_backward_meta, fn=_cudnn_backward_impl
+)
+
+
+def _cudnn_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
+    if attn_mask is not None or dropout_p != 0.0:
+        return False
+    tensors = (query, key, value)
+    if not all(isinstance(t, TensorProxy) and t.device.devicetype is DeviceType.CUDA for t in tensors):
+        return False
+    if any(dtypes.to_torch_dtype(t.dtype) not in (torch.bfloat16, torch.float16) for t in tensors):
+        return False
+    if any(t.ndim != 4 for t in tensors) or len({t.shape[1] for t in tensors}) != 1:
+        return False
+    head_size = query.shape[-1]
+    if key.shape[-1] != head_size or value.shape[-1] != head_size or head_size % 8 or head_size > 128:
+        return False
+    return cudnn_attention_available(query.device.index)
+
+
+def _cudnn_execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    return cudnn_sdpa_forward(query, key, value, is_causal, scale)[0]
+
+
+def _cudnn_grad_transform(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+    out, logsumexp, philox_seed, philox_offset = cudnn_sdpa_forward(query, key, value, is_causal, scale)
+    grad_out = get_grad(out)
+    grads = cudnn_sdpa_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, is_causal, scale)
+    put_grads((query, key, value), grads)
+    return out
+
+
+cudnn_attention_executor.register_implementation(
+    ltorch.scaled_dot_product_attention,
+    checker=_cudnn_checker,
+    execution_transform=_cudnn_execution,
+    grad_transform=_cudnn_grad_transform,
 )

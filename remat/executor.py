@@ -240,13 +240,22 @@ def executor(
     return RematExecutor(memory_budget=memory_budget, backend=backend, policy=policy, recompute=recompute, strict=strict)
 
 
-def default_executors(remat_executor: RematExecutor) -> list[Any]:
-    """Thunder's attention executors (cuDNN where present, then sdpa), remat's CPU attention executor,
-    then ``remat_executor``: Thunder's GPU default list with remat in nvFuser's place."""
-    from remat.attention import attention_executor
+ATTENTION_CHOICES = ("auto", "thunder")
 
+
+def default_executors(remat_executor: RematExecutor, attention: str = "auto") -> list[Any]:
+    """The executors :func:`jit` passes to Thunder: Thunder's GPU default list with remat in nvFuser's
+    place.  Attention: with ``attention="auto"``, remat's cuDNN attention executor first (it claims
+    attention only where PyTorch's cuDNN fused attention runs: see :mod:`remat.attention`); then
+    Thunder's attention executors (its ``cudnn`` where installed, then ``sdpa``); then remat's CPU
+    attention executor.  ``attention="thunder"`` leaves out remat's cuDNN executor."""
+    from remat.attention import attention_executor, cudnn_attention_executor
+
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {attention!r}")
     preferred = [ex for ex in thunder.get_default_executors() if ex.name in ("cudnn", "sdpa")]
-    return [*preferred, attention_executor, remat_executor]
+    first = [cudnn_attention_executor] if attention == "auto" else []
+    return [*first, *preferred, attention_executor, remat_executor]
 
 
 def jit(
@@ -257,10 +266,14 @@ def jit(
     *,
     recompute: RecomputePolicy | None = None,
     strict: bool = False,
+    attention: str = "auto",
     **jit_options: Any,
 ):
     """``thunder.jit(fn)`` with remat's executor in place of nvFuser (see :func:`executor`).
 
+    ``attention``: ``"auto"`` runs attention with cuDNN's fused kernels where PyTorch's cuDNN attention
+    applies (Hopper GPUs; what PyTorch and torch.compile pick there), else as Thunder would;
+    ``"thunder"`` always as Thunder would (see :func:`default_executors`).
     Extra keyword arguments go to ``thunder.jit``.  The executor is reachable as
     ``remat.executor_of(jitted)`` to inspect ``last_result`` (the plan of the last compilation).
     """
@@ -270,8 +283,10 @@ def jit(
         raise TypeError("remat.jit expects the plain module or function, not one already wrapped by thunder.jit")
     if "executors" in jit_options:
         raise TypeError("remat.jit chooses the executors; use thunder.jit(fn, executors=[..., remat.executor()]) to pick your own")
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {attention!r}")
     ex = executor(memory_budget, backend, policy, recompute=recompute, strict=strict)
-    jitted = thunder.jit(fn, executors=default_executors(ex), **jit_options)
+    jitted = thunder.jit(fn, executors=default_executors(ex, attention), **jit_options)
     try:
         jitted._remat_executor = ex
     except AttributeError:  # pragma: no cover - objects that refuse attributes

@@ -50,6 +50,7 @@ import networkx as nx
 
 from remat import _compat
 from remat.errors import UnsupportedTraceError
+from remat.strides import VIEW_KINDS, contiguous_strides, is_contiguous, view_strides
 from remat.ops import (
     BOOKKEEPING_KINDS,
     COTANGENT_KIND,
@@ -265,6 +266,7 @@ class FusionGraph:
         trace: TraceCtx | None = None,
         op_bsyms: list[BoundSymbol] | None = None,
         unit_bsyms: list[BoundSymbol] | None = None,
+        view_ops: frozenset[int] = frozenset(),
     ) -> None:
         self.units = units
         self.tensors = tensors
@@ -279,6 +281,9 @@ class FusionGraph:
         #: Thunder bound symbols behind op nodes (by node id) and units (by unit index); None for plain graphs.
         self.op_bsyms = op_bsyms
         self.unit_bsyms = unit_bsyms
+        #: Op nodes (in regions or stand-alone) that return a view of their one tensor input rather than
+        #: fresh storage (:mod:`remat.strides`); what decides which region outputs alias other values.
+        self.view_ops = view_ops
         #: True for graphs made from a plain networkx graph (save costs then come from op records)
         self.plain = False
         self._nx: nx.DiGraph | None = None
@@ -380,7 +385,8 @@ class FusionGraph:
         producer_node: dict[str, int] = {}  # producers visible at unit level
         units: list[Unit] = []
         facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
-        strided: set[str] = set()  # outputs of stand-alone views that are not contiguous in memory
+        strides: dict[str, tuple[int, ...]] = {}  # views that are not contiguous in memory (see remat.strides)
+        view_ops: set[int] = set()
 
         def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
             cached = facts_cache.get(proxy.name)
@@ -404,13 +410,14 @@ class FusionGraph:
 
         for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
             if not with_ops:
-                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strided)
+                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides)
                 units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
                 continue
             nodes: list[int] = []
             members = list(bsym.subsymbols) if unit_kind == "region" else [bsym]
             region_name = bsym.sym.name if unit_kind == "region" else None
             local_producer: dict[str, int] = {}
+            region_views = _region_views(members, ins, outs, tensors, strides) if unit_kind == "region" else {}
             unit_flops = 0
             unit_tags: set[str] = set()
             for op in members:
@@ -453,7 +460,11 @@ class FusionGraph:
                     local_producer[name] = node_id
                 alias_base = None
                 if unit_kind == "op" and "view" in tags and op_ins:
-                    alias_base = _view_base(op, okind, op_ins[0], tensors, strided)
+                    alias_base = _view_base(op, okind, op_ins[0], tensors, strides)
+                    if alias_base is not None:
+                        view_ops.add(node_id)
+                elif unit_kind == "region" and _returns_view(op, okind, strides):
+                    view_ops.add(node_id)
                 for p in op_out_proxies:
                     if unit_kind == "input":
                         existing = tensors.get(p.name)
@@ -468,7 +479,7 @@ class FusionGraph:
                         # inside backward regions; the first (visible) producer keeps the name.
                         continue
                     else:
-                        register_tensor(p, "activation", unit_index, node_id, phase, alias_base)
+                        register_tensor(p, "activation", unit_index, node_id, phase, alias_base or region_views.get(p.name))
                 nodes.append(node_id)
                 unit_flops += flops
                 unit_tags |= tags
@@ -476,7 +487,7 @@ class FusionGraph:
                 for p in bsym.flat_proxy_outs:
                     info = tensors.get(p.name)
                     if info is None or info.producer_unit != unit_index:
-                        register_tensor(p, "activation", unit_index, local_producer.get(p.name), phase)
+                        register_tensor(p, "activation", unit_index, local_producer.get(p.name), phase, region_views.get(p.name))
             for name in outs:
                 if name in local_producer:
                     producer_node[name] = local_producer[name]
@@ -495,14 +506,18 @@ class FusionGraph:
             trace=trace,
             op_bsyms=op_bsyms if with_ops else None,
             unit_bsyms=[r[0] for r in raw],
+            view_ops=frozenset(view_ops),
         )
 
     @staticmethod
-    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strided) -> None:
+    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides) -> None:
         """Unit-level tensor registration for ``ops=False`` graphs (what the memory model reads)."""
         alias_base = None
+        region_views: dict[str, str] = {}
         if unit_kind == "op" and ins and "view" in op_tags(kind, _thunder_tags(bsym)):
-            alias_base = _view_base(bsym, kind, ins[0], tensors, strided)
+            alias_base = _view_base(bsym, kind, ins[0], tensors, strides)
+        elif unit_kind == "region":
+            region_views = _region_views(bsym.subsymbols, ins, (p.name for p in bsym.flat_proxy_outs), tensors, strides)
         for p in bsym.flat_proxy_outs:
             if p.name in ins:
                 continue
@@ -515,7 +530,7 @@ class FusionGraph:
             elif unit_kind == "cotangent":
                 register_tensor(p, "cotangent", unit_index, None, phase)
             else:
-                register_tensor(p, "activation", unit_index, None, phase, alias_base)
+                register_tensor(p, "activation", unit_index, None, phase, alias_base or region_views.get(p.name))
 
     # ------------------------------------------------------------------ views
     def regions(self) -> nx.DiGraph:
@@ -567,36 +582,101 @@ def _alias_base(name: str, tensors: dict[str, TensorInfo]) -> str:
     return (info.alias_of or name) if info is not None else name
 
 
-def _view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict[str, TensorInfo], strided: set[str]) -> str | None:
+def _view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict[str, TensorInfo], strides: dict) -> str | None:
     """Storage a stand-alone view op's output lives in, following PyTorch: a view shares its input's
-    storage, except ``reshape`` of a non-contiguous tensor, which copies (returns None: fresh storage).
-    Records in ``strided`` which outputs are not contiguous (transposes, partial slices, expands)."""
+    storage, except a ``reshape`` that no strides over the input can express, which copies (returns
+    None: fresh storage).  Records in ``strides`` the strides of outputs that are not contiguous."""
     out = next((p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)), None)
     inp = bsym.flat_proxy_args[0] if bsym.flat_proxy_args else None
     if out is None or not isinstance(inp, TensorProxy):
         return _alias_base(source, tensors)
-    input_strided = source in strided
-    in_shape, out_shape = tuple(inp.shape), tuple(out.shape)
-    if kind == "reshape":
-        return None if input_strided else _alias_base(source, tensors)
-    if kind == "transpose":
-        permutation = tuple(bsym.args[1])
-        moved = [d for d in permutation if in_shape[d] != 1]
-        if input_strided or moved != sorted(moved):
-            strided.add(out.name)
-    elif kind == "slice":
-        changed = [d for d, (a, b) in enumerate(zip(in_shape, out_shape)) if a != b]
-        strides = bsym.args[3] if len(bsym.args) > 3 and bsym.args[3] is not None else ()
-        # contiguous only when the slice cuts the outermost non-trivial dimension alone
-        outer = next((d for d, size in enumerate(out_shape) if size != 1), len(out_shape))
-        if input_strided or any(s != 1 for s in strides) or any(d > outer for d in changed):
-            strided.add(out.name)
-    elif kind == "broadcast_in_dim":
-        if input_strided or math.prod(out_shape) != math.prod(in_shape):
-            strided.add(out.name)
-    elif input_strided:
-        strided.add(out.name)
+    in_shape, out_shape = _int_shape(inp), _int_shape(out)
+    if in_shape is None or out_shape is None:
+        return _alias_base(source, tensors)
+    in_strides = strides.get(source) or contiguous_strides(in_shape)
+    if kind in VIEW_KINDS:
+        out_strides = view_strides(kind, bsym.args, in_shape, in_strides, out_shape)
+        if out_strides is None:
+            return None
+    else:  # other aliasing ops (shallow_copy, ...) keep the layout
+        out_strides = in_strides if in_shape == out_shape else contiguous_strides(out_shape)
+    if not is_contiguous(out_shape, out_strides):
+        strides[out.name] = out_strides
     return _alias_base(source, tensors)
+
+
+def _int_shape(proxy: TensorProxy) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(s) for s in proxy.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _returns_view(op: BoundSymbol, kind: str, strides: dict) -> bool:
+    """Whether a view-kind op inside a region returns a view of its one tensor input."""
+    if kind not in VIEW_KINDS and kind != "shallow_copy":
+        return False
+    sources = [p for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
+    return len(sources) == 1 and _view_base(op, kind, sources[0].name, {}, strides) is not None
+
+
+def region_view_outputs(
+    graph: FusionGraph, nodes: Sequence[int], inputs: Iterable[str], outputs: Iterable[str], base_of
+) -> dict[str, str]:
+    """For a region made of op ``nodes`` (in order) of ``graph``: the values it computes by view ops
+    alone from its ``inputs`` or ``outputs``, each with the storage it lives in (``base_of(name)`` for
+    the name a chain starts from).  The op-level counterpart of the rule in :func:`_region_views`."""
+    sources = set(inputs) | set(outputs)
+    views: dict[str, str] = {}
+    for n in nodes:
+        if n not in graph.view_ops:
+            continue
+        op = graph.ops[n]
+        tensor_inputs = [a for a in op.inputs if a in graph.tensors and graph.tensors[a].kind != "number"]
+        if len(tensor_inputs) != 1:
+            continue
+        source = tensor_inputs[0]
+        if source in views:
+            base = views[source]
+        elif source in sources:
+            base = base_of(source)
+        else:
+            continue
+        for out in op.outputs:
+            views[out] = base
+    return views
+
+
+def _region_views(
+    members: Sequence[BoundSymbol],
+    region_inputs: Iterable[str],
+    region_outputs: Iterable[str],
+    tensors: dict[str, TensorInfo],
+    strides: dict,
+) -> dict[str, str]:
+    """Values a fusion region computes by view ops alone from its inputs or from its other outputs, with
+    the storage each lives in (``name -> base``).  nvFuser returns such an output as an alias of that
+    input or output rather than a new buffer (so does the torch reference backend), so keeping it keeps
+    the base's storage alive; see :mod:`remat.strides`."""
+    inputs = set(region_inputs) | set(region_outputs)
+    views: dict[str, str] = {}
+    for op in members:
+        kind = op_kind(op)
+        if kind not in VIEW_KINDS and kind != "shallow_copy":
+            continue
+        sources = [p for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
+        if len(sources) != 1:
+            continue
+        source = sources[0].name
+        if source not in views and source not in inputs:
+            continue
+        base = views.get(source) or _alias_base(source, tensors)
+        if _view_base(op, kind, source, {}, strides) is None:  # a copying reshape: fresh storage
+            continue
+        for p in op.flat_proxy_outs:
+            if isinstance(p, TensorProxy) and p.name != source:
+                views[p.name] = base
+    return views
 
 
 def _build_nx(ops: list[Op], tensors: dict[str, TensorInfo], forward_outputs: tuple[str, ...]) -> nx.DiGraph:

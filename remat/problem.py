@@ -441,7 +441,9 @@ def _build(
 
 def _trace_save_cost(name: str, tensors: dict, held: set[str]) -> int:
     """Bytes that keeping a trace tensor for the backward adds: none for forward outputs (held by the
-    caller anyway), numbers, and views of parameters or inputs; else its storage."""
+    caller anyway), numbers, parameters and inputs; else its storage.  A view of a parameter or input
+    costs one byte: no memory, but recomputing it is free too, and that spares the regions an output
+    and an input (and the trace a stand-alone view op) for nothing."""
     info = tensors.get(name)
     if info is None:
         return 0
@@ -449,8 +451,10 @@ def _trace_save_cost(name: str, tensors: dict, held: set[str]) -> int:
         return 0
     if info.alias_of is not None:
         base = tensors.get(info.alias_of)
-        if base is None or base.kind in ("param", "input") or base.name in held:
+        if base is None or base.name in held:
             return 0
+        if base.kind in ("param", "input"):
+            return 1
         return base.bytes
     return info.bytes
 

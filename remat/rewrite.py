@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from remat import _compat
-from remat.graph import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, split_phases
+from remat.graph import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, region_view_outputs, split_phases
 from remat.plan import Plan
 from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
 
@@ -388,22 +388,33 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     new_names = _RegionNames.__new__(_RegionNames)
     taken = [int(m.group(1)) for u in graph.units if u.kind == "region" for m in [re.search(r"(\d+)$", u.name)] if m]
     new_names.next = max(taken, default=-1) + 1
+
+    def base_of(name: str) -> str:
+        return aliases.get(name, tensors[name].alias_of or name) if name in tensors else name
+
     for edit in layout.edits:
         unit = graph.units[edit.index]
         if edit.action == "drop":
             continue
         if edit.action == "keep":
+            if unit.kind == "region":
+                views = region_view_outputs(graph, unit.nodes, unit.inputs, unit.outputs, base_of)
+                aliases.update((name, base) for name, base in views.items() if name in unit.outputs)
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
             continue
         if edit.action == "recompute_before":
+            inputs, _ = _region_io(ops, edit.recompute)
+            views = region_view_outputs(graph, edit.recompute, inputs, (), base_of)
             fresh: dict[str, str] = {}
             for name in edit.reads:
                 fresh_name = f"{name}__recomputed{fresh_count}"
                 fresh_count += 1
                 fresh[name] = fresh_name
+                # a copy of a view of a region input is written as an alias of that input (nvFuser)
                 tensors[fresh_name] = tensors[name]._replace(name=fresh_name, alias_of=None, kind="activation")
-            inputs, _ = _region_io(ops, edit.recompute)
+                if name in views:
+                    aliases[fresh_name] = views[name]
             rows.append((new_names.new_name(), "region", tuple(inputs), tuple(fresh.values())))
             swapped = tuple(fresh.get(n, n) for n in unit.inputs)
             rows.append((unit.name, unit.kind, swapped, unit.outputs))
@@ -419,7 +430,10 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         hoisted_outputs = {ops[n].outputs[0] for n in edit.hoisted}
         inputs, _ = _region_io(ops, nodes)
-        rows.append((unit.name, "region", tuple(inputs), tuple(o for o in outputs if o not in hoisted_outputs)))
+        region_outputs = tuple(o for o in outputs if o not in hoisted_outputs)
+        views = region_view_outputs(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, base_of)
+        aliases.update((name, base) for name, base in views.items() if name in region_outputs)
+        rows.append((unit.name, "region", tuple(inputs), region_outputs))
         row_phases.append(unit.phase)
         for n in edit.hoisted:
             op = ops[n]
@@ -444,7 +458,8 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             info = tensors.get(out)
             if info is None:
                 continue
-            # region outputs are fresh buffers; stand-alone views keep (or, when hoisted, get) their base
+            # region outputs are fresh buffers unless they are views of the region's inputs or outputs;
+            # stand-alone views keep (or, when hoisted, get) their base
             alias = aliases.get(out, info.alias_of if kind == "op" else None)
             if info.kind in ("param", "input"):
                 tensors[out] = info._replace(producer_unit=index)

@@ -1,0 +1,173 @@
+"""GPU diagnostic: where one training step's memory peak and time go, line by line of the executed traces.
+
+For each mode (same model and inputs as ``gpu_memory.py``) this records one step with PyTorch's CUDA
+allocator history (Python stacks), replays the allocation events, and attributes every allocation to the
+line of Thunder's generated forward/backward program that made it (Thunder registers those programs in
+``linecache``, so the frames name ``thunder.computation_N`` / ``thunder.backward_fn_N`` lines).  It writes:
+
+* ``profile_<mode>.json``: the measured peak (bytes above step start), the executed line at the peak,
+  every block alive at the peak with the line that allocated it, the per-line memory curve, and the
+  CUDA kernel time of one step (``torch.profiler``) beside its wall time;
+* ``traces_<mode>.txt``: the executed forward and backward traces.
+
+On the GPU machine:
+
+    source .gpu/activate.sh; python benchmarks/gpu_profile.py --model stablecode-completion-alpha-3b --modes thunder remat --out $OUT
+
+This is a diagnostic, not a benchmark: recording stacks slows the recorded step down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import linecache
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import remat  # noqa: E402,F401  (compat bridge before Thunder)
+from gpu_memory import WithLoss, make, step  # noqa: E402
+
+MIB = 2**20
+
+
+def _site(frames: list[dict]) -> tuple[str, int, str]:
+    """The innermost frame in a Thunder-generated program, else the innermost Python frame."""
+    for frame in frames:
+        if frame["filename"].startswith("thunder."):
+            text = linecache.getline(frame["filename"], frame["line"]).strip()
+            return frame["filename"], frame["line"], text
+    if frames:
+        f = frames[0]
+        return f["filename"], f["line"], f["name"]
+    return "?", 0, ""
+
+
+def replay(snapshot: dict, start_bytes: int) -> dict:
+    """Replay allocator events of device 0: the peak, what is alive there, and the per-line curve."""
+    events = snapshot["device_traces"][0]
+    alive: dict[int, tuple[int, tuple]] = {}
+    allocated = start_bytes
+    peak, peak_alive, peak_site = allocated, {}, None
+    curve: list[dict] = []
+    for event in events:
+        action = event["action"]
+        if action == "alloc":
+            site = _site(event.get("frames", []))
+            alive[event["addr"]] = (event["size"], site)
+            allocated += event["size"]
+            if allocated > peak:
+                peak, peak_alive, peak_site = allocated, dict(alive), site
+        elif action == "free_completed":
+            entry = alive.pop(event["addr"], None)
+            allocated -= entry[0] if entry else event["size"]
+            site = _site(event.get("frames", []))
+        else:
+            continue
+        key = f"{site[0]}:{site[1]}"
+        if curve and curve[-1]["site"] == key:
+            curve[-1]["max_mib"] = max(curve[-1]["max_mib"], (allocated - start_bytes) / MIB)
+            curve[-1]["after_mib"] = (allocated - start_bytes) / MIB
+        else:
+            curve.append(dict(site=key, text=site[2][:160], max_mib=(allocated - start_bytes) / MIB, after_mib=(allocated - start_bytes) / MIB))
+    by_site: dict[tuple, int] = {}
+    for size, site in peak_alive.values():
+        by_site[site] = by_site.get(site, 0) + size
+    live = sorted(({"mib": b / MIB, "site": f"{s[0]}:{s[1]}", "text": s[2][:200]} for s, b in by_site.items()), key=lambda r: -r["mib"])
+    return dict(
+        peak_mib=(peak - start_bytes) / MIB,
+        peak_site=None if peak_site is None else f"{peak_site[0]}:{peak_site[1]} {peak_site[2][:200]}",
+        alive_at_peak=live,
+        curve=curve,
+    )
+
+
+def kernel_time(fn, params, idx, targets) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _, seconds, *_ = step(fn, params, idx, targets)
+    events = prof.key_averages()
+    rows = []
+    total_us = 0.0
+    for e in events:
+        device_us = getattr(e, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(e, "self_cuda_time_total", 0.0)
+        if device_us > 0:
+            total_us += device_us
+            rows.append(dict(name=e.key[:120], device_ms=device_us / 1e3, calls=e.count))
+    rows.sort(key=lambda r: -r["device_ms"])
+    return dict(wall_ms_profiled=1e3 * seconds, kernel_ms=total_us / 1e3, top_kernels=rows[:40])
+
+
+def run(args) -> None:
+    import thunder
+    from litgpt import GPT, Config
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq, vocab_size=512, padded_vocab_size=512)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(config).to(torch.bfloat16)
+    module = WithLoss(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    idx = torch.randint(0, 512, (1, args.seq), device="cuda")
+    targets = torch.randint(0, 512, (1, args.seq), device="cuda")
+    for mode in args.modes:
+        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode)
+        try:
+            t0 = time.perf_counter()
+            fn, remat_executor = make(mode, module)
+            step(fn, params, idx, targets)
+            record["first_call_s"] = time.perf_counter() - t0
+            samples = [step(fn, params, idx, targets) for _ in range(5)]
+            record["step_ms"] = sorted(1e3 * s[1] for s in samples)[2]
+            record["peak_mib"] = sorted(s[2] / MIB for s in samples)[2]
+            for p in params:
+                p.grad = None
+            torch.cuda.synchronize()
+            start_bytes = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+            step(fn, params, idx, targets)
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            record.update(replay(snapshot, start_bytes))
+            record.update(kernel_time(fn, params, idx, targets))
+            if remat_executor is not None and remat_executor.last_result is not None:
+                res = remat_executor.last_result
+                record["estimated_peak_mib"] = res.after.peak_bytes / MIB
+                record["estimated_peak_unit"] = res.after.peak_unit_name
+            if mode != "torch.compile" and mode != "eager":
+                with open(out / f"traces_{mode}.txt", "w") as f:
+                    f.write("# forward\n" + str(thunder.last_traces(fn)[-1]) + "\n\n# backward\n" + str(thunder.last_backward_traces(fn)[-1]))
+            del fn
+        except Exception as exc:
+            import traceback
+
+            record["error"] = traceback.format_exc()[-3000:]
+        (out / f"profile_{mode}.json").write_text(json.dumps(record, indent=1))
+        print(json.dumps({k: v for k, v in record.items() if k not in ("curve", "alive_at_peak", "top_kernels")}), flush=True)
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="stablecode-completion-alpha-3b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--modes", nargs="+", default=["thunder", "remat"])
+    parser.add_argument("--out", default="gpu_profile_out")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
