@@ -111,6 +111,13 @@ class Unit:
     tags: frozenset[str] = field(default_factory=frozenset)
 
 
+_VIEWISH_KINDS = VIEW_KINDS | {"shallow_copy"}
+_VIEW_PRIM_NAMES = {
+    "reshape": "reshape", "transpose": "transpose", "slice_prim": "slice", "squeeze": "squeeze",
+    "broadcast_in_dim": "broadcast_in_dim", "shallow_copy": "shallow_copy",
+}
+
+
 def op_kind(bsym: BoundSymbol) -> str:
     """The op kind remat classifies by: the lower-case PrimIDs name for prims, else the symbol id."""
     sym_id = bsym.sym.id
@@ -266,7 +273,7 @@ class FusionGraph:
         trace: TraceCtx | None = None,
         op_bsyms: list[BoundSymbol] | None = None,
         unit_bsyms: list[BoundSymbol] | None = None,
-        view_ops: frozenset[int] = frozenset(),
+        strides: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.units = units
         self.tensors = tensors
@@ -281,9 +288,9 @@ class FusionGraph:
         #: Thunder bound symbols behind op nodes (by node id) and units (by unit index); None for plain graphs.
         self.op_bsyms = op_bsyms
         self.unit_bsyms = unit_bsyms
-        #: Op nodes (in regions or stand-alone) that return a view of their one tensor input rather than
-        #: fresh storage (:mod:`remat.strides`); what decides which region outputs alias other values.
-        self.view_ops = view_ops
+        #: Strides of the values that are non-contiguous views (:mod:`remat.strides`); others are contiguous.
+        self.strides = strides or {}
+        self._view_ops: frozenset[int] | None = None
         #: True for graphs made from a plain networkx graph (save costs then come from op records)
         self.plain = False
         self._nx: nx.DiGraph | None = None
@@ -295,6 +302,24 @@ class FusionGraph:
             f"FusionGraph({ops} ops, {regions} regions, {len(self.units)} units, "
             f"{'joint' if self.is_joint else 'single-phase'})"
         )
+
+    @property
+    def view_ops(self) -> frozenset[int]:
+        """Op nodes that return a view of their one tensor input rather than fresh storage
+        (:mod:`remat.strides`): stand-alone views whose output aliases, and view ops inside regions.  What
+        decides which outputs of a rewritten region alias other values (computed on first use)."""
+        if self._view_ops is None:
+            found: set[int] = set()
+            if self.ops is not None and self.op_bsyms is not None:
+                strides = dict(self.strides)
+                for op in self.ops:
+                    if op.region is None:
+                        if "view" in op.tags and any(self.tensors.get(o) is not None and self.tensors[o].alias_of is not None for o in op.outputs):
+                            found.add(op.id)
+                    elif op.kind in _VIEWISH_KINDS and _member_view(self.op_bsyms[op.id], op.kind, strides, _static_shape) is not None:
+                        found.add(op.id)
+            self._view_ops = frozenset(found)
+        return self._view_ops
 
     @property
     def nx(self) -> nx.DiGraph:
@@ -386,13 +411,17 @@ class FusionGraph:
         units: list[Unit] = []
         facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
         strides: dict[str, tuple[int, ...]] = {}  # views that are not contiguous in memory (see remat.strides)
-        view_ops: set[int] = set()
 
         def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
             cached = facts_cache.get(proxy.name)
             if cached is None:
                 cached = facts_cache[proxy.name] = _tensor_facts(proxy)
             return cached
+
+        def shape_of(proxy: Proxy) -> tuple[int, ...]:
+            cached = facts_cache.get(proxy.name)
+            # region-internal values are never registered: read their shape without the other facts
+            return cached[0] if cached is not None else tuple(getattr(proxy, "_shape", None) or proxy.shape)
 
         def register_tensor(proxy: Proxy, kind: str, unit_index: int | None, node: int | None, phase: str, alias_of=None):
             if not isinstance(proxy, (TensorProxy, NumberProxy)):
@@ -410,14 +439,15 @@ class FusionGraph:
 
         for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
             if not with_ops:
-                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides)
+                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of)
                 units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
                 continue
             nodes: list[int] = []
             members = list(bsym.subsymbols) if unit_kind == "region" else [bsym]
             region_name = bsym.sym.name if unit_kind == "region" else None
             local_producer: dict[str, int] = {}
-            region_views = _region_views(members, ins, outs, tensors, strides) if unit_kind == "region" else {}
+            region_views: dict[str, str] = {}
+            region_sources = set(ins) | set(outs) if unit_kind == "region" else set()
             unit_flops = 0
             unit_tags: set[str] = set()
             for op in members:
@@ -460,11 +490,19 @@ class FusionGraph:
                     local_producer[name] = node_id
                 alias_base = None
                 if unit_kind == "op" and "view" in tags and op_ins:
-                    alias_base = _view_base(op, okind, op_ins[0], tensors, strides)
-                    if alias_base is not None:
-                        view_ops.add(node_id)
-                elif unit_kind == "region" and _returns_view(op, okind, strides):
-                    view_ops.add(node_id)
+                    alias_base = _view_base(op, okind, op_ins[0], tensors, strides, shape_of)
+                elif (
+                    unit_kind == "region"
+                    and okind in _VIEWISH_KINDS
+                    and op.args
+                    and isinstance(op.args[0], TensorProxy)
+                    and (op.args[0].name in region_views or op.args[0].name in region_sources)
+                ):
+                    found = _member_view(op, okind, strides, shape_of)
+                    if found is not None:
+                        source, view_outs = found
+                        base = region_views.get(source) or _alias_base(source, tensors)
+                        region_views.update(dict.fromkeys(view_outs, base))
                 for p in op_out_proxies:
                     if unit_kind == "input":
                         existing = tensors.get(p.name)
@@ -506,18 +544,18 @@ class FusionGraph:
             trace=trace,
             op_bsyms=op_bsyms if with_ops else None,
             unit_bsyms=[r[0] for r in raw],
-            view_ops=frozenset(view_ops),
+            strides=strides,
         )
 
     @staticmethod
-    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides) -> None:
+    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of) -> None:
         """Unit-level tensor registration for ``ops=False`` graphs (what the memory model reads)."""
         alias_base = None
         region_views: dict[str, str] = {}
         if unit_kind == "op" and ins and "view" in op_tags(kind, _thunder_tags(bsym)):
-            alias_base = _view_base(bsym, kind, ins[0], tensors, strides)
+            alias_base = _view_base(bsym, kind, ins[0], tensors, strides, shape_of)
         elif unit_kind == "region":
-            region_views = _region_views(bsym.subsymbols, ins, (p.name for p in bsym.flat_proxy_outs), tensors, strides)
+            region_views = _region_views(bsym.subsymbols, ins, (p.name for p in bsym.flat_proxy_outs), tensors, strides, shape_of)
         for p in bsym.flat_proxy_outs:
             if p.name in ins:
                 continue
@@ -582,42 +620,54 @@ def _alias_base(name: str, tensors: dict[str, TensorInfo]) -> str:
     return (info.alias_of or name) if info is not None else name
 
 
-def _view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict[str, TensorInfo], strides: dict) -> str | None:
+def _static_shape(proxy: TensorProxy) -> tuple[int, ...]:
+    return tuple(getattr(proxy, "_shape", None) or proxy.shape)
+
+
+def _view_layout(kind: str, args: Sequence, source: str, out_name: str, in_shape, out_shape, strides: dict) -> bool:
+    """Whether view-kind op ``kind`` returns a view of its input ``source`` (False: a reshape no strides
+    can express, which copies).  Records in ``strides`` the strides of a non-contiguous output."""
+    in_strides = strides.get(source)
+    if in_strides is None:  # a contiguous input: these stay contiguous views
+        if kind in ("reshape", "squeeze", "shallow_copy"):
+            return True
+        in_strides = contiguous_strides(in_shape)
+    if kind in VIEW_KINDS:
+        out_strides = view_strides(kind, args, in_shape, in_strides, out_shape)
+        if out_strides is None:
+            return False
+    else:  # other aliasing ops (shallow_copy, ...) keep the layout
+        out_strides = in_strides if tuple(in_shape) == tuple(out_shape) else contiguous_strides(out_shape)
+    if not is_contiguous(out_shape, out_strides):
+        strides[out_name] = out_strides
+    return True
+
+
+def _view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict[str, TensorInfo], strides: dict, shape_of) -> str | None:
     """Storage a stand-alone view op's output lives in, following PyTorch: a view shares its input's
     storage, except a ``reshape`` that no strides over the input can express, which copies (returns
-    None: fresh storage).  Records in ``strides`` the strides of outputs that are not contiguous."""
+    None: fresh storage).  ``shape_of(proxy)`` gives static shapes."""
     out = next((p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)), None)
     inp = bsym.flat_proxy_args[0] if bsym.flat_proxy_args else None
     if out is None or not isinstance(inp, TensorProxy):
         return _alias_base(source, tensors)
-    in_shape, out_shape = _int_shape(inp), _int_shape(out)
-    if in_shape is None or out_shape is None:
-        return _alias_base(source, tensors)
-    in_strides = strides.get(source) or contiguous_strides(in_shape)
-    if kind in VIEW_KINDS:
-        out_strides = view_strides(kind, bsym.args, in_shape, in_strides, out_shape)
-        if out_strides is None:
-            return None
-    else:  # other aliasing ops (shallow_copy, ...) keep the layout
-        out_strides = in_strides if in_shape == out_shape else contiguous_strides(out_shape)
-    if not is_contiguous(out_shape, out_strides):
-        strides[out.name] = out_strides
+    if not _view_layout(kind, bsym.args, source, out.name, shape_of(inp), shape_of(out), strides):
+        return None
     return _alias_base(source, tensors)
 
 
-def _int_shape(proxy: TensorProxy) -> tuple[int, ...] | None:
-    try:
-        return tuple(int(s) for s in proxy.shape)
-    except (TypeError, ValueError):
+def _member_view(op: BoundSymbol, kind: str, strides: dict, shape_of) -> tuple[str, list[str]] | None:
+    """For a view-kind op inside a region that returns a view of its one tensor input: (that input's
+    name, the output names); else None."""
+    if kind not in _VIEWISH_KINDS:
         return None
-
-
-def _returns_view(op: BoundSymbol, kind: str, strides: dict) -> bool:
-    """Whether a view-kind op inside a region returns a view of its one tensor input."""
-    if kind not in VIEW_KINDS and kind != "shallow_copy":
-        return False
-    sources = [p for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
-    return len(sources) == 1 and _view_base(op, kind, sources[0].name, {}, strides) is not None
+    # view prims take the tensor first and shapes, dims or indices after; they write one tensor
+    source, out = (op.args[0] if op.args else None), op.output
+    if not isinstance(source, TensorProxy) or not isinstance(out, TensorProxy) or out.name == source.name:
+        return None
+    if not _view_layout(kind, op.args, source.name, out.name, shape_of(source), shape_of(out), strides):
+        return None
+    return source.name, [out.name]
 
 
 def region_view_outputs(
@@ -653,29 +703,29 @@ def _region_views(
     region_outputs: Iterable[str],
     tensors: dict[str, TensorInfo],
     strides: dict,
+    shape_of,
 ) -> dict[str, str]:
     """Values a fusion region computes by view ops alone from its inputs or from its other outputs, with
     the storage each lives in (``name -> base``).  nvFuser returns such an output as an alias of that
     input or output rather than a new buffer (so does the torch reference backend), so keeping it keeps
     the base's storage alive; see :mod:`remat.strides`."""
-    inputs = set(region_inputs) | set(region_outputs)
+    sources = set(region_inputs) | set(region_outputs)
     views: dict[str, str] = {}
     for op in members:
-        kind = op_kind(op)
-        if kind not in VIEW_KINDS and kind != "shallow_copy":
+        # the view prims by symbol name (a plain attribute; op_kind reads an enum, slower at this volume)
+        kind = _VIEW_PRIM_NAMES.get(op.sym.name)
+        if kind is None or not op.args or not isinstance(op.sym.id, prims.PrimIDs):
             continue
-        sources = [p for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
-        if len(sources) != 1:
+        source = op.args[0]
+        # only chains that start at an input or output matter here: test that before the layout
+        if not isinstance(source, TensorProxy) or (source.name not in views and source.name not in sources):
             continue
-        source = sources[0].name
-        if source not in views and source not in inputs:
+        found = _member_view(op, kind, strides, shape_of)
+        if found is None:
             continue
-        base = views.get(source) or _alias_base(source, tensors)
-        if _view_base(op, kind, source, {}, strides) is None:  # a copying reshape: fresh storage
-            continue
-        for p in op.flat_proxy_outs:
-            if isinstance(p, TensorProxy) and p.name != source:
-                views[p.name] = base
+        base = views.get(found[0]) or _alias_base(found[0], tensors)
+        for name in found[1]:
+            views[name] = base
     return views
 
 

@@ -15,6 +15,7 @@ Strides are tracked in elements; the storage offset is irrelevant to aliasing an
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -26,6 +27,11 @@ VIEW_KINDS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_i
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides of a fresh tensor of ``shape``."""
+    return _contiguous_strides(tuple(shape))
+
+
+@functools.lru_cache(maxsize=8192)  # a trace has few distinct shapes, read many times
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     step = 1
     for size in reversed(tuple(shape)):
@@ -98,5 +104,7 @@ def view_strides(kind: str, args: Sequence, in_shape: Sequence[int], in_strides:
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether ``strides`` are row-major for ``shape`` (size-1 dimensions may have any stride)."""
-    expected = contiguous_strides(shape)
+    expected = _contiguous_strides(tuple(shape))
+    if tuple(strides) == expected:
+        return True
     return all(size == 1 or s == e for size, s, e in zip(shape, strides, expected))
