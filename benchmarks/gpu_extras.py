@@ -52,7 +52,7 @@ def kv_cache(name: str) -> dict:
     model, reference = pair(name)
     for m in (model, reference):
         m.eval()
-        m.set_kv_cache(batch_size=2, max_seq_length=32)
+        m.set_kv_cache(batch_size=2, max_seq_length=32, device=torch.device("cuda"))
     jitted = remat.jit(model)
     prompt = torch.randint(0, 256, (2, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
     errors = []
@@ -104,11 +104,13 @@ def budget_step(name: str, budget: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".")
+    parser.add_argument("--checks", nargs="+", default=["kv-llama", "kv-pythia", "budget"])
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     records = []
-    for check, fn_args in ((kv_cache, ("Llama-2-7b-hf",)), (kv_cache, ("pythia-14m",)), (budget_step, ("Llama-2-7b-hf", 0.6))):
+    checks = {"kv-llama": (kv_cache, ("Llama-2-7b-hf",)), "kv-pythia": (kv_cache, ("pythia-14m",)), "budget": (budget_step, ("Llama-2-7b-hf", 0.6))}
+    for check, fn_args in (checks[name] for name in args.checks):
         try:
             record = check(*fn_args)
         except Exception:

@@ -132,8 +132,14 @@ def op_kind(bsym: BoundSymbol) -> str:
 SIDE_EFFECT_KINDS = frozenset({"copy_", "get_and_update_rng_state", "update_aliases", "sink"})
 
 
+_SIDE_EFFECT_TAGS = frozenset({prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE})
+
+
 def _has_side_effect_tags(bsym: BoundSymbol) -> bool:
-    return has_tags(bsym, {prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE})
+    if not bsym.subsymbols and not bsym.tags:  # the common case (a prim in a region): the symbol's tags
+        tags = bsym.sym.tags
+        return bool(tags) and not _SIDE_EFFECT_TAGS.isdisjoint(tags)
+    return has_tags(bsym, set(_SIDE_EFFECT_TAGS))
 
 
 _SYMBOL_FACTS: dict[Any, tuple[str, frozenset[str], bool]] = {}
@@ -455,15 +461,29 @@ class FusionGraph:
                 if (okind in BOOKKEEPING_KINDS or okind == RETURN_KIND) and unit_kind != "return":
                     continue
                 node_id = len(ops)
+                # (proxy names are a property: read each once)
+                arg_proxies = op.flat_proxy_args
+                arg_names = [p.name for p in arg_proxies]
                 if unit_kind in ("input", "cotangent"):
                     op_ins = ins
                 else:
-                    op_ins = tuple(dict.fromkeys(p.name for p in op.flat_proxy_args))
-                op_out_proxies = [p for p in op.flat_proxy_outs if p.name not in op_ins]
-                out_sizes = {p.name: facts(p)[2] for p in op_out_proxies}
+                    op_ins = tuple(dict.fromkeys(arg_names))
+                op_out_proxies = []
+                out_sizes = {}
+                out_shapes = []
+                for p in op.flat_proxy_outs:
+                    name = p.name
+                    if name in op_ins:
+                        continue
+                    op_out_proxies.append(p)
+                    known = facts_cache.get(name) or facts(p)
+                    out_sizes[name] = known[2]
+                    if isinstance(p, TensorProxy):
+                        out_shapes.append(known[0])
                 op_outs = tuple(out_sizes)
-                in_shapes = [facts(p)[0] for p in op.flat_proxy_args if isinstance(p, TensorProxy)]
-                out_shapes = [facts(p)[0] for p in op_out_proxies if isinstance(p, TensorProxy)]
+                in_shapes = [
+                    (facts_cache.get(n) or facts(p))[0] for p, n in zip(arg_proxies, arg_names) if isinstance(p, TensorProxy)
+                ]
                 flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD)
                 is_input = unit_kind == "input"
                 ops.append(
