@@ -1,7 +1,9 @@
 """GPU benchmark: peak memory and step time of one training step, remat against its anchors.
 
 Modes, all in one process on the same model and inputs: eager, torch.compile, Thunder default
-(nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), and remat (``remat.jit``).
+(nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), remat (``remat.jit``,
+cuDNN attention where it applies), ``remat-thunder-attention`` (remat's plan with Thunder's attention
+kernels, to separate the two effects) and ``remat-no-linear`` (the default policy spelled out).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;

@@ -297,6 +297,8 @@ class FusionGraph:
         #: Strides of the values that are non-contiguous views (:mod:`remat.strides`); others are contiguous.
         self.strides = strides or {}
         self._view_ops: frozenset[int] | None = None
+        self._facts: dict[str, tuple] = {}  # per-name shape/dtype/bytes read from the trace
+        self._region_views: dict[int, tuple] = {}  # id(region bsym) -> (bsym, {view: base}); see _from_trace
         #: True for graphs made from a plain networkx graph (save costs then come from op records)
         self.plain = False
         self._nx: nx.DiGraph | None = None
@@ -344,7 +346,10 @@ class FusionGraph:
         return cls._from_trace(trace, ops)
 
     @classmethod
-    def _from_trace(cls, trace: TraceCtx, with_ops: bool) -> FusionGraph:
+    def _from_trace(cls, trace: TraceCtx, with_ops: bool, derived_from: FusionGraph | None = None) -> FusionGraph:
+        """``derived_from``: a graph of the trace this one was rewritten from (remat's own rewrite), whose
+        per-name tensor facts and per-region views it may reuse: a rewrite gives new values new names and
+        keeps unchanged regions as the same bound symbols."""
         if not isinstance(trace, TraceCtx):
             hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
             raise TypeError(f"expected a Thunder trace (thunder.core.trace.TraceCtx), got {type(trace).__name__}.{hint}")
@@ -417,6 +422,12 @@ class FusionGraph:
         units: list[Unit] = []
         facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
         strides: dict[str, tuple[int, ...]] = {}  # views that are not contiguous in memory (see remat.strides)
+        known_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}  # id(region bsym) -> (bsym, views)
+        if derived_from is not None:
+            facts_cache.update(derived_from._facts)
+            strides.update(derived_from.strides)
+            known_views = derived_from._region_views
+        region_views_by_id: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}
 
         def facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
             cached = facts_cache.get(proxy.name)
@@ -445,7 +456,9 @@ class FusionGraph:
 
         for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
             if not with_ops:
-                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of)
+                known = known_views.get(id(bsym))
+                views = known[1] if known is not None and known[0] is bsym else None
+                cls._register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of, views)
                 units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
                 continue
             nodes: list[int] = []
@@ -546,6 +559,8 @@ class FusionGraph:
                     info = tensors.get(p.name)
                     if info is None or info.producer_unit != unit_index:
                         register_tensor(p, "activation", unit_index, local_producer.get(p.name), phase, region_views.get(p.name))
+            if unit_kind == "region":
+                region_views_by_id[id(bsym)] = (bsym, region_views)
             for name in outs:
                 if name in local_producer:
                     producer_node[name] = local_producer[name]
@@ -553,7 +568,7 @@ class FusionGraph:
                 Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, tuple(nodes), unit_flops, frozenset(unit_tags))
             )
 
-        return cls(
+        graph = cls(
             units,
             tensors,
             ops if with_ops else None,
@@ -566,14 +581,19 @@ class FusionGraph:
             unit_bsyms=[r[0] for r in raw],
             strides=strides,
         )
+        graph._facts = facts_cache
+        graph._region_views = region_views_by_id
+        return graph
 
     @staticmethod
-    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of) -> None:
+    def _register_unit_outputs(bsym, kind, unit_kind, ins, unit_index, phase, tensors, register_tensor, strides, shape_of, known_views=None) -> None:
         """Unit-level tensor registration for ``ops=False`` graphs (what the memory model reads)."""
         alias_base = None
         region_views: dict[str, str] = {}
         if unit_kind == "op" and ins and "view" in op_tags(kind, _thunder_tags(bsym)):
             alias_base = _view_base(bsym, kind, ins[0], tensors, strides, shape_of)
+        elif unit_kind == "region" and known_views is not None:
+            region_views = known_views
         elif unit_kind == "region":
             region_views = _region_views(bsym.subsymbols, ins, (p.name for p in bsym.flat_proxy_outs), tensors, strides, shape_of)
         for p in bsym.flat_proxy_outs:

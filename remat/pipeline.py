@@ -215,7 +215,7 @@ def _optimize_with_plan(
         if strict:
             _raise_strict(f"rewrite failed: {type(exc).__name__}: {exc}", exc)
         return _fallback(trace, graph, before, f"rewrite failed: {type(exc).__name__}: {exc}", start)
-    after = profile_graph(FusionGraph.from_trace(rewritten.trace, ops=False))
+    after = profile_graph(FusionGraph._from_trace(rewritten.trace, False, derived_from=graph))
     if after.peak_bytes > before.peak_bytes:
         reason = (
             f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "

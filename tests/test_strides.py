@@ -116,3 +116,13 @@ def test_the_plan_saves_the_base_rather_than_pieces_that_keep_it_alive():
     qkv = next(u.outputs[0] for u in graph.units if u.kind == "op" and u.name == "linear")
     # q and k (fresh pieces) are recomputed from qkv, which v keeps alive anyway
     assert result.after.saved_bytes == graph.tensors[qkv].bytes
+
+
+def test_optimize_reports_the_memory_of_the_trace_it_returns(pythia_trace):
+    # optimize re-reads its rewritten trace reusing facts of the input's graph: that must not change them
+    result = remat.optimize(remat.fuse(pythia_trace))
+    fresh = remat.estimate_memory(result.trace)
+    assert (result.after.peak_bytes, result.after.saved_bytes, result.after.saved_tensors) == (
+        fresh.peak_bytes, fresh.saved_bytes, fresh.saved_tensors,
+    )
+    assert [p.live_bytes for p in result.after.timeline] == [p.live_bytes for p in fresh.timeline]
