@@ -51,6 +51,22 @@ class WithLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
+def build(name: str, layers: int, seq: int, device: str = "cuda"):
+    """The measured setup: a bf16 LitGPT config with vocab 512 and the loss inside, its trainable
+    parameters, and one batch of token ids and targets (seeded)."""
+    from litgpt import GPT, Config
+
+    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=512, padded_vocab_size=512)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT(config).to(torch.bfloat16)
+    module = WithLoss(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    idx = torch.randint(0, 512, (1, seq), device=device)
+    targets = torch.randint(0, 512, (1, seq), device=device)
+    return module, params, idx, targets
+
+
 def make(mode: str, module: torch.nn.Module):
     import thunder
 
@@ -100,19 +116,10 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(args) -> None:
-    from litgpt import GPT, Config
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "gpu_memory.jsonl"
-    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq, vocab_size=512, padded_vocab_size=512)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(config).to(torch.bfloat16)
-    module = WithLoss(model)
-    params = [p for p in module.parameters() if p.requires_grad]
-    idx = torch.randint(0, 512, (1, args.seq), device="cuda")
-    targets = torch.randint(0, 512, (1, args.seq), device="cuda")
+    module, params, idx, targets = build(args.model, args.layers, args.seq)
     eager_loss, eager_grads = None, None
     for mode in args.modes:
         gc.collect()

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402,F401  (compat bridge before Thunder)
-from gpu_memory import WithLoss, make, step  # noqa: E402
+from gpu_memory import build, make, step  # noqa: E402
 
 MIB = 2**20
 
@@ -110,18 +110,10 @@ def kernel_time(fn, params, idx, targets) -> dict:
 
 def run(args) -> None:
     import thunder
-    from litgpt import GPT, Config
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq, vocab_size=512, padded_vocab_size=512)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT(config).to(torch.bfloat16)
-    module = WithLoss(model)
-    params = [p for p in module.parameters() if p.requires_grad]
-    idx = torch.randint(0, 512, (1, args.seq), device="cuda")
-    targets = torch.randint(0, 512, (1, args.seq), device="cuda")
+    module, params, idx, targets = build(args.model, args.layers, args.seq)
     for mode in args.modes:
         record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode)
         try:
@@ -150,7 +142,7 @@ def run(args) -> None:
                 with open(out / f"traces_{mode}.txt", "w") as f:
                     f.write("# forward\n" + str(thunder.last_traces(fn)[-1]) + "\n\n# backward\n" + str(thunder.last_backward_traces(fn)[-1]))
             del fn
-        except Exception as exc:
+        except Exception:
             import traceback
 
             record["error"] = traceback.format_exc()[-3000:]

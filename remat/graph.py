@@ -40,7 +40,6 @@ Forward and backward are told apart by :func:`split_phases`, the rule Thunder's
 
 from __future__ import annotations
 
-import math
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
