@@ -283,8 +283,6 @@ def jit(
         raise TypeError("remat.jit expects the plain module or function, not one already wrapped by thunder.jit")
     if "executors" in jit_options:
         raise TypeError("remat.jit chooses the executors; use thunder.jit(fn, executors=[..., remat.executor()]) to pick your own")
-    if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {attention!r}")
     ex = executor(memory_budget, backend, policy, recompute=recompute, strict=strict)
     jitted = thunder.jit(fn, executors=default_executors(ex, attention), **jit_options)
     try:

@@ -40,7 +40,6 @@ Forward and backward are told apart by :func:`split_phases`, the rule Thunder's
 
 from __future__ import annotations
 
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -464,8 +463,7 @@ class FusionGraph:
             members = list(bsym.subsymbols) if unit_kind == "region" else [bsym]
             region_name = bsym.sym.name if unit_kind == "region" else None
             local_producer: dict[str, int] = {}
-            region_views: dict[str, str] = {}
-            region_sources = set(ins) | set(outs) if unit_kind == "region" else set()
+            region_views = _region_views(members, ins, outs, tensors, strides, shape_of) if unit_kind == "region" else {}
             unit_flops = 0
             unit_tags: set[str] = set()
             for op in members:
@@ -523,18 +521,6 @@ class FusionGraph:
                 alias_base = None
                 if unit_kind == "op" and "view" in tags and op_ins:
                     alias_base = _view_base(op, okind, op_ins[0], tensors, strides, shape_of)
-                elif (
-                    unit_kind == "region"
-                    and okind in _VIEWISH_KINDS
-                    and op.args
-                    and isinstance(op.args[0], TensorProxy)
-                    and (op.args[0].name in region_views or op.args[0].name in region_sources)
-                ):
-                    found = _member_view(op, okind, strides, shape_of)
-                    if found is not None:
-                        source, view_outs = found
-                        base = region_views.get(source) or _alias_base(source, tensors)
-                        region_views.update(dict.fromkeys(view_outs, base))
                 for p in op_out_proxies:
                     if unit_kind == "input":
                         existing = tensors.get(p.name)
