@@ -3,7 +3,9 @@
 Modes, all in one process on the same model and inputs: eager, torch.compile, Thunder default
 (nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), remat (``remat.jit``,
 cuDNN attention where it applies), ``remat-thunder-attention`` (remat's plan with Thunder's attention
-kernels, to separate the two effects) and ``remat-no-linear`` (the default policy spelled out).
+kernels, to separate the two effects), ``remat-transposed-cat`` (the qkv-gradient cat left inside the
+nvFuser region, see ``NvFuserPolicy.transposed_cat``) and ``remat-no-linear`` (the default policy
+spelled out).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
@@ -38,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 import remat  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
 
 MIB = 2**20
-MODES = ("eager", "thunder", "remat", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -83,8 +86,8 @@ def make(mode: str, module: torch.nn.Module):
     if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
         jitted = remat.jit(module, attention="thunder")
         return jitted, remat.executor_of(jitted)
-    if mode in ("remat", "remat-no-linear"):
-        policy = remat.NvFuserPolicy() if mode == "remat-no-linear" else None
+    if mode in ("remat", "remat-no-linear", "remat-transposed-cat"):
+        policy = {"remat": None, "remat-no-linear": remat.NvFuserPolicy(), "remat-transposed-cat": remat.NvFuserPolicy(transposed_cat=True)}[mode]
         jitted = remat.jit(module, policy=policy)
         return jitted, remat.executor_of(jitted)
     raise ValueError(mode)
@@ -124,7 +127,7 @@ def run(args) -> None:
     for mode in args.modes:
         gc.collect()
         torch.cuda.empty_cache()
-        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name())
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name(), run=RUN)
         try:
             t0 = time.perf_counter()
             fn, remat_executor = make(mode, module)
@@ -162,9 +165,18 @@ def run(args) -> None:
 
 def render(path: str) -> str:
     records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    # each (config, layers, seq) shows the modes of its latest run only, so every ratio compares
+    # measurements of one process (records from before runs were labelled have run "")
+    latest: dict[tuple, str] = {}
+    for r in records:
+        key = (r["model"], r["layers"], r["seq"])
+        latest[key] = max(latest.get(key, ""), r.get("run", ""))
     groups: dict[tuple, dict] = {}
     for r in records:
-        groups.setdefault((r["model"], r["layers"], r["seq"]), {})[r["mode"]] = r
+        key = (r["model"], r["layers"], r["seq"])
+        if r.get("run", "") == latest[key]:
+            groups.setdefault(key, {})[r["mode"]] = r
+    groups = dict(sorted(groups.items(), key=lambda item: (item[0][1], item[0][0] != "stablecode-completion-alpha-3b", item[0][0])))
     lines = [
         "| config | layers | mode | step ms | peak MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | loss / grad rel. error vs eager |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -200,6 +212,9 @@ def render(path: str) -> str:
                     f"plan + fusion {r.get('plan_seconds', 0):.2f} s; estimated peak {r.get('estimated_peak_mib', 0):.1f} MiB, "
                     f"estimated saved {r.get('estimated_saved_mib', 0):.1f} MiB (memory model); {'; '.join(r.get('notes', []))}"
                 )
+    for (model, layers, seq), modes in groups.items():
+        run = next(iter(modes.values())).get("run")
+        notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one whose records carry no run label"))
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
     return "\n".join([header, "", *lines, "", *notes])

@@ -5,6 +5,8 @@ allocator history (Python stacks), replays the allocation events, and attributes
 line of Thunder's generated forward/backward program that made it (Thunder registers those programs in
 ``linecache``, so the frames name ``thunder.computation_N`` / ``thunder.backward_fn_N`` lines).  It writes:
 
+* ``kernels_<mode>.json``: the ``torch.profiler`` trace of one step (open in Perfetto / chrome://tracing);
+
 * ``profile_<mode>.json``: the measured peak (bytes above step start), the executed line at the peak,
   every block alive at the peak with the line that allocated it, the per-line memory curve, and the
   CUDA kernel time of one step (``torch.profiler``) beside its wall time;
@@ -89,11 +91,32 @@ def replay(snapshot: dict, start_bytes: int) -> dict:
     )
 
 
-def kernel_time(fn, params, idx, targets) -> dict:
+def gpu_busy(chrome_trace: Path) -> dict:
+    """From an exported profiler trace: kernel count, GPU busy time (union of kernel intervals) and the
+    span from first to last kernel, so idle = span - busy is time the GPU waited (mostly on launches)."""
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    busy, end = 0.0, None
+    for start, stop in kernels:
+        if end is None or start >= end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
+    return dict(kernels=len(kernels), gpu_busy_ms=busy / 1e3, kernel_span_ms=span / 1e3, gpu_idle_ms=(span - busy) / 1e3)
+
+
+def kernel_time(fn, params, idx, targets, chrome_trace: Path | None = None) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _, seconds, *_ = step(fn, params, idx, targets)
+    busy = {}
+    if chrome_trace is not None:
+        prof.export_chrome_trace(str(chrome_trace))
+        busy = gpu_busy(chrome_trace)
     events = prof.key_averages()
     rows = []
     total_us = 0.0
@@ -105,7 +128,7 @@ def kernel_time(fn, params, idx, targets) -> dict:
             total_us += device_us
             rows.append(dict(name=e.key[:120], device_ms=device_us / 1e3, calls=e.count))
     rows.sort(key=lambda r: -r["device_ms"])
-    return dict(wall_ms_profiled=1e3 * seconds, kernel_ms=total_us / 1e3, top_kernels=rows[:40])
+    return dict(wall_ms_profiled=1e3 * seconds, kernel_ms=total_us / 1e3, **busy, top_kernels=rows[:40])
 
 
 def run(args) -> None:
@@ -133,7 +156,7 @@ def run(args) -> None:
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             record.update(replay(snapshot, start_bytes))
-            record.update(kernel_time(fn, params, idx, targets))
+            record.update(kernel_time(fn, params, idx, targets, out / f"kernels_{mode}.json"))
             if remat_executor is not None and remat_executor.last_result is not None:
                 res = remat_executor.last_result
                 record["estimated_peak_mib"] = res.after.peak_bytes / MIB

@@ -13,6 +13,9 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
 * a run made only of shape ops (reshape, broadcast, transpose, ...) is not fused;
 * linear and matmul join regions only when the policy says so (nvFuser's ``nv_enable_linear`` /
   ``nv_enable_matmul``), attention only with ``sdpa=True``;
+* a ``cat`` of transposed values (every operand a transpose, possibly reshaped, made in the trace) ends a
+  run and runs as ``torch.cat`` unless ``transposed_cat=True`` (a remat choice, not Thunder's; see
+  :class:`NvFuserPolicy`);
 * ops that may read or write storage some op writes in place (a kv cache updated by ``copy_``, its
   views, ``update_aliases``) stay stand-alone, as do the in-place family and ops remat does not know
   (:func:`remat.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
@@ -58,12 +61,21 @@ class NvFuserPolicy:
     the lower estimated peak (:func:`fuse` itself treats ``"auto"`` as False).  ``sdpa``: let regions take
     attention kernels.  ``shape_only_regions``: fuse runs made only of shape ops (nvFuser's
     ``nv_enable_shape_only_fusion``).
+
+    ``transposed_cat``: let a region take a ``cat`` whose operands are all transposed values.  Off by
+    default: the backward of LitGPT's attention ends in such a cat (the q, k, v gradients transposed
+    back and concatenated into the qkv gradient), and nvFuser 0.2.36's resize scheduler ran that region
+    in 378 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
+    (stablecode-3b, seq 4096; docs/benchmarks.md).  The region then outputs the transposed pieces
+    (written contiguously by nvFuser) and ``torch.cat`` joins them: one more buffer of the cat's size is
+    alive for that op, which the memory model sees.
     """
 
     linear: bool | str = False
     matmul: bool | str = False
     sdpa: bool = False
     shape_only_regions: bool = False
+    transposed_cat: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
@@ -108,6 +120,26 @@ def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
     ]
     mutated = mutated_storage([(kind, t, ins, outs) for kind, t, (ins, outs) in zip(kinds, tags, names)])
     return stand_alone | {i for i, (ins, outs) in enumerate(names) if any(n in mutated for n in (*ins, *outs))}
+
+
+def _cat_of_transposes(cat, bsyms, kinds: list[str], producer: dict[str, int]) -> bool:
+    """Whether every tensor operand of ``cat`` is made in the trace by a transpose that really moves
+    dimensions, possibly followed by reshapes (see ``NvFuserPolicy.transposed_cat``)."""
+    operands = [p for p in cat.flat_proxy_args if hasattr(p, "shape")]
+    if not operands:
+        return False
+    for operand in operands:
+        index = producer.get(operand.name)
+        while index is not None and kinds[index] == "reshape":
+            source = bsyms[index].args[0]
+            index = producer.get(getattr(source, "name", None))
+        if index is None or kinds[index] != "transpose":
+            return False
+        source, permutation = bsyms[index].args[0], tuple(bsyms[index].args[1])
+        moved = [d for d in permutation if source.shape[d] != 1]  # size-1 dims move no data
+        if moved == sorted(moved):
+            return False
+    return True
 
 
 def fuse(
@@ -156,6 +188,12 @@ def fuse(
     new_bsyms = []
     counter = 0
     index = 0
+    producer: dict[str, int] = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
+    if not policy.transposed_cat:
+        stand_alone = stand_alone | {
+            i for i, kind in enumerate(kinds) if kind == "cat" and _cat_of_transposes(bsyms[i], bsyms, kinds, producer)
+        }
+
     def fusible(i: int) -> bool:
         return policy.can_fuse_kind(kinds[i]) and i not in stand_alone
 

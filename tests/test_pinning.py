@@ -81,7 +81,7 @@ EXPECTED = {
             "remat_sdpa_fwd/remat_sdpa_fwd f32[1, 4, 32]",
             "reshape/reshape f32[1, 32, 64]",
         ],
-        "stand-alone ops after remat.fuse": 41,
+        "stand-alone ops after remat.fuse": 43,  # the qkv-gradient cat of each layer runs as torch.cat (NvFuserPolicy.transposed_cat)
     },
     "Llama-2-7b-hf": {
         "estimated peak: unplanned / Thunder's rematerialize / remat": (279552, 263168, 238720),
@@ -123,7 +123,7 @@ EXPECTED = {
             "remat_sdpa_fwd/remat_sdpa_fwd f32[1, 4, 32]",
             "reshape/reshape f32[1, 32, 64]",
         ],
-        "stand-alone ops after remat.fuse": 51,
+        "stand-alone ops after remat.fuse": 53,  # as above
     },
 }
 
