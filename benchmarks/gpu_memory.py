@@ -214,7 +214,7 @@ def render(path: str) -> str:
                 )
     for (model, layers, seq), modes in groups.items():
         run = next(iter(modes.values())).get("run")
-        notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one whose records carry no run label"))
+        notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one, with the code before NvFuserPolicy.transposed_cat (run labels came with it)"))
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
     return "\n".join([header, "", *lines, "", *notes])
@@ -238,7 +238,7 @@ def main() -> None:
             sys.path.insert(0, str(ROOT / "benchmarks"))
             from plan_cpu import write_section
 
-            write_section(markdown + f"\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_memory.py --model <config> --layers <N> --out $OUT` on the GPU machine; table: `python benchmarks/gpu_memory.py --render gpu_memory.jsonl --write`.", marker="gpu_memory", heading="Training step on the GPU (measured)")
+            write_section(markdown + f"\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_memory.py --model <config> --layers <N> --steps 10 --modes <modes> --out $OUT` on the GPU machine; raw records: `benchmarks/results/gpu_memory_h200.jsonl`; table: `python benchmarks/gpu_memory.py --render benchmarks/results/gpu_memory_h200.jsonl --write`.", marker="gpu_memory", heading="Training step on the GPU (measured)")
         return
     run(args)
 

@@ -65,8 +65,8 @@ class NvFuserPolicy:
     ``transposed_cat``: let a region take a ``cat`` whose operands are all transposed values.  Off by
     default: the backward of LitGPT's attention ends in such a cat (the q, k, v gradients transposed
     back and concatenated into the qkv gradient), and nvFuser 0.2.36's resize scheduler ran that region
-    in 378 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
-    (stablecode-3b, seq 4096; docs/benchmarks.md).  The region then outputs the transposed pieces
+    in 392 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
+    (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs the transposed pieces
     (written contiguously by nvFuser) and ``torch.cat`` joins them: one more buffer of the cat's size is
     alive for that op, which the memory model sees.
     """
