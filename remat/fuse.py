@@ -81,6 +81,9 @@ class NvFuserPolicy:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"NvFuserPolicy.{field_name} must be True, False or 'auto'")
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat"):
+            if not isinstance(getattr(self, field_name), bool):
+                raise TypeError(f"NvFuserPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 
     def can_fuse_kind(self, kind: str) -> bool:
         if kind in NVFUSER_MATMUL_PRIMS:

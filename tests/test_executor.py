@@ -57,6 +57,8 @@ def test_bad_arguments():
         remat.executor(policy="fast")
     with pytest.raises(ValueError, match="linear"):
         remat.NvFuserPolicy(linear="sometimes")
+    with pytest.raises(TypeError, match="transposed_cat"):
+        remat.NvFuserPolicy(transposed_cat="yes")
     with pytest.raises(TypeError, match="executors"):
         remat.jit(tiny_litgpt(), executors=[])
     with pytest.raises(TypeError, match="remat.jit"):
