@@ -78,9 +78,9 @@ def run(args) -> dict:
     if args.dry_run:
         return record
     generator = torch.Generator(device="cuda").manual_seed(0)
-    by_name = {p.name: v for p, v in zip(with_cat.args, random_inputs(with_cat, generator))}
-    before_inputs = [by_name.get(getattr(p, "name", None), getattr(p, "value", p)) for p in before.args]
-    with_inputs = list(by_name.values())
+    with_inputs = random_inputs(with_cat, generator)
+    by_name = {p.name: v for p, v in zip(with_cat.args, with_inputs)}
+    before_inputs = [by_name[p.name] for p in before.args]  # both regions read the same values
 
     def descriptors(values):
         return [remat.nvfuser.tensor_descriptor(v) if isinstance(v, torch.Tensor) else None for v in values]

@@ -66,9 +66,9 @@ class NvFuserPolicy:
     default: the backward of LitGPT's attention ends in such a cat (the q, k, v gradients transposed
     back and concatenated into the qkv gradient), and nvFuser 0.2.36's resize scheduler ran that region
     in 392 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
-    (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs the transposed pieces
-    (written contiguously by nvFuser) and ``torch.cat`` joins them: one more buffer of the cat's size is
-    alive for that op, which the memory model sees.
+    (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs
+    the transposed pieces (written contiguously by nvFuser) and ``torch.cat`` joins them: one more
+    buffer of the cat's size is alive for that op, which the memory model sees.
     """
 
     linear: bool | str = False
@@ -191,8 +191,8 @@ def fuse(
     new_bsyms = []
     counter = 0
     index = 0
-    producer: dict[str, int] = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
-    if not policy.transposed_cat:
+    if not policy.transposed_cat and "cat" in kinds:
+        producer = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
         stand_alone = stand_alone | {
             i for i, kind in enumerate(kinds) if kind == "cat" and _cat_of_transposes(bsyms[i], bsyms, kinds, producer)
         }
