@@ -4,8 +4,9 @@ Modes, all in one process on the same model and inputs: eager, torch.compile, Th
 (nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), remat (``remat.jit``,
 cuDNN attention where it applies), ``remat-thunder-attention`` (remat's plan with Thunder's attention
 kernels, to separate the two effects), ``remat-transposed-cat`` (the qkv-gradient cat left inside the
-nvFuser region, see ``NvFuserPolicy.transposed_cat``) and ``remat-no-linear`` (the default policy
-spelled out).
+nvFuser region, see ``NvFuserPolicy.transposed_cat``), ``remat-independent-parts`` (a run of fusible
+ops kept as one region even where it holds independent computations, as Thunder does, see
+``NvFuserPolicy.independent_parts``) and ``remat-no-linear`` (the default policy spelled out).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
@@ -41,7 +42,7 @@ import remat  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nv
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -86,8 +87,13 @@ def make(mode: str, module: torch.nn.Module):
     if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
         jitted = remat.jit(module, attention="thunder")
         return jitted, remat.executor_of(jitted)
-    if mode in ("remat", "remat-no-linear", "remat-transposed-cat"):
-        policy = {"remat": None, "remat-no-linear": remat.NvFuserPolicy(), "remat-transposed-cat": remat.NvFuserPolicy(transposed_cat=True)}[mode]
+    if mode in ("remat", "remat-no-linear", "remat-transposed-cat", "remat-independent-parts"):
+        policy = {
+            "remat": None,
+            "remat-no-linear": remat.NvFuserPolicy(),
+            "remat-transposed-cat": remat.NvFuserPolicy(transposed_cat=True),
+            "remat-independent-parts": remat.NvFuserPolicy(independent_parts=True),
+        }[mode]
         jitted = remat.jit(module, policy=policy)
         return jitted, remat.executor_of(jitted)
     raise ValueError(mode)

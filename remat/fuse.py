@@ -10,7 +10,10 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
 * regions are runs of *consecutive* fusible bound symbols in trace order (Thunder's default
   ``fusion_type="consecutive"``); a non-fusible op (a matmul, attention, an input or cotangent read) ends
   the run;
-* a run made only of shape ops (reshape, broadcast, transpose, ...) is not fused;
+* a run is split into its connected parts, one region each, unless ``independent_parts=True`` (a remat
+  choice, not Thunder's; see :class:`NvFuserPolicy`);
+* a run (or part) made only of shape ops (reshape, broadcast, transpose, shallow_copy, ...) is not
+  fused;
 * linear and matmul join regions only when the policy says so (nvFuser's ``nv_enable_linear`` /
   ``nv_enable_matmul``), attention only with ``sdpa=True``;
 * a ``cat`` of transposed values (every operand a transpose, possibly reshaped, made in the trace) ends a
@@ -21,10 +24,16 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
   (:func:`remat.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
   such a buffer made inside a region would be written into a copy and the update lost.
 
+Before grouping, the trace is simplified exactly (:func:`simplify`): common subexpressions are merged
+(Thunder's ``cse``) and a float cast that undoes a widening cast (``bf16 -> f32 -> bf16``) is replaced by
+the value it started from, so a region does not write a copy of its own input.  Thunder's nvFuser pass
+does the same after fusing, with one difference: its ``remove_redundant_casts`` also drops rounding
+casts (``f32 -> bf16 -> f32``), which changes results; remat keeps those.
+
 Differences (documented in docs/design.md): nvFuser also declines ops on CPU tensors and checks
 per-op dtype support; the stand-in does neither, since CPU/meta traces stand for GPU runs.  It does not
-run Thunder's rematerialization, CSE or cast cleanup: :func:`remat.optimize` (or Thunder's
-``rematerialize``) is applied to its result.
+run Thunder's rematerialization: :func:`remat.optimize` (or Thunder's ``rematerialize``) is applied to
+its result.
 """
 
 from __future__ import annotations
@@ -49,7 +58,10 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E4
 
 from remat.graph import op_kind  # noqa: E402
 
-__all__ = ["NvFuserPolicy", "fuse"]
+__all__ = ["NvFuserPolicy", "fuse", "simplify"]
+
+# Ops a region made of nothing else is not worth launching (Thunder's SHAPE_OP tag, shallow_copy included).
+_SHAPE_OPS = NVFUSER_SHAPE_PRIMS | {"shallow_copy"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,14 @@ class NvFuserPolicy:
     (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs
     the transposed pieces (written contiguously by nvFuser) and ``torch.cat`` joins them: one more
     buffer of the cat's size is alive for that op, which the memory model sees.
+
+    ``independent_parts``: let one region hold computations that share no tensor (Thunder's regions
+    do: a run of consecutive fusible ops is one region).  Off by default: a run is split into its
+    connected parts (ops linked by a tensor one writes and another reads, or by a tensor both read),
+    one region each.  In LitGPT's backward a bias gradient (a sum over tokens of a linear's output
+    gradient) falls into the run of the layer-norm backward beside it; no single nvFuser scheduler
+    takes both, and nvFuser 0.2.36's segmenter then split the layer-norm backward itself into three
+    kernels where it alone runs as one (see docs/benchmarks.md).
     """
 
     linear: bool | str = False
@@ -76,12 +96,13 @@ class NvFuserPolicy:
     sdpa: bool = False
     shape_only_regions: bool = False
     transposed_cat: bool = False
+    independent_parts: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"NvFuserPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"NvFuserPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 
@@ -145,6 +166,133 @@ def _cat_of_transposes(cat, bsyms, kinds: list[str], producer: dict[str, int]) -
     return True
 
 
+def _exact_widening(source, target) -> bool:
+    """Whether every value of float dtype ``source`` is exactly a value of float dtype ``target``."""
+    import torch
+
+    from thunder.core import dtypes
+
+    if not (dtypes.is_float_dtype(source) and dtypes.is_float_dtype(target)):
+        return False
+    if dtypes.is_complex_dtype(source) or dtypes.is_complex_dtype(target):
+        return False
+    a, b = torch.finfo(dtypes.to_torch_dtype(source)), torch.finfo(dtypes.to_torch_dtype(target))
+    return b.eps <= a.eps and b.max >= a.max and b.tiny <= a.tiny
+
+
+def simplify(trace: TraceCtx) -> TraceCtx:
+    """``trace`` with every cast that undoes an exact widening cast (``b = f32(a: bf16); c = bf16(b)``:
+    ``c`` is ``a``), or converts to the dtype a value already has, replaced by the value it started
+    from (later readers read that value; ops left unread are removed).  Exact: no result changes."""
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy, variableify
+    from thunder.core.transform_common import dce
+
+    from remat.execute import thunder_context
+
+    replaced: dict = {}
+    widened: dict[str, TensorProxy] = {}  # name of an exactly widened value -> the value it came from
+    new_bsyms = []
+    for bsym in trace.bound_symbols:
+        if replaced and any(variableify(p) in replaced for p in bsym.flat_proxy_args):
+            bsym = bsym.from_bsym_swap_proxies(replaced, skip_inputs=False, skip_output=True)
+        if bsym.sym.id is prims.PrimIDs.CONVERT_ELEMENT_TYPE and len(bsym.args) == 2 and isinstance(bsym.args[0], TensorProxy):
+            source, dtype = bsym.args
+            out = bsym.output
+            origin = widened.get(source.name)
+            if source.dtype == dtype:
+                replaced[variableify(out)] = source
+            elif origin is not None and origin.dtype == dtype:
+                replaced[variableify(out)] = origin
+            elif _exact_widening(source.dtype, dtype):
+                widened[out.name] = origin if origin is not None else source
+        new_bsyms.append(bsym)
+    if not replaced:
+        return trace
+    simplified = from_trace(trace)
+    simplified.bound_symbols = new_bsyms
+    with thunder_context():
+        simplified = dce(simplified)
+    simplified.set_provenance(TraceProvenance(f"remat.simplify ({len(replaced)} casts that undo a widening)"))
+    return simplified
+
+
+def _swap(bsym, replaced: dict):
+    """``bsym`` reading, for each name in ``replaced``, the value it maps to."""
+    from thunder.core.proxies import variableify
+
+    if replaced and any(variableify(p) in replaced for p in bsym.flat_proxy_args):
+        return bsym.from_bsym_swap_proxies(replaced, skip_inputs=False, skip_output=True)
+    return bsym
+
+
+def _merge_duplicates(run: list, replaced: dict) -> list:
+    """``run`` ((bound symbol, kind) pairs of consecutive ops that will share regions) with each op that
+    repeats an earlier op of the run (same symbol, same arguments) dropped and its outputs recorded in
+    ``replaced`` as the earlier op's, so later readers read those.  Within a run only, like Thunder's
+    nvFuser pass: merging across regions would turn a cheap recomputation inside a kernel into a
+    buffer written by one region and read by another."""
+    from thunder.core.proxies import variableify
+    from thunder.core.transform_common import NON_FUNCTIONAL_OPS
+
+    seen: dict = {}
+    kept = []
+    for bsym, kind in run:
+        bsym = _swap(bsym, replaced)
+        if bsym.sym.id in NON_FUNCTIONAL_OPS:
+            kept.append((bsym, kind))
+            continue
+        try:
+            key = bsym.rhs
+            earlier = seen.get(key)
+        except TypeError:  # an argument that cannot be hashed: keep the op
+            kept.append((bsym, kind))
+            continue
+        if earlier is None:
+            seen[key] = bsym
+            kept.append((bsym, kind))
+            continue
+        for out, prior in zip(bsym.flat_outs, earlier.flat_outs):
+            if hasattr(out, "name") and hasattr(prior, "name") and out.name != prior.name:
+                replaced[variableify(out)] = prior
+    return kept
+
+
+def _connected_parts(group: list) -> list[list]:
+    """``group`` ((bound symbol, kind) pairs) split into connected parts (linked by a tensor one writes
+    and another reads, or one both read), each in trace order; parts ordered by their first member.
+    Parts made only of shape ops join the first other part: alone they would not be fused, and a
+    reshape of a transposed value would then be copied by PyTorch instead of written by the region
+    (the value gradient's part of the attention backward is such a part)."""
+    parent = list(range(len(group)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    touched: dict[str, int] = {}  # tensor name -> a member that reads or writes it
+    for i, (bsym, _) in enumerate(group):
+        for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
+            if not hasattr(p, "shape"):  # numbers link nothing
+                continue
+            j = touched.setdefault(p.name, i)
+            if j != i:
+                parent[find(i)] = find(j)
+    parts: dict[int, list] = {}
+    for i, pair in enumerate(group):
+        parts.setdefault(find(i), []).append(pair)
+    computing = [p for p in parts.values() if not all(kind in _SHAPE_OPS for _, kind in p)]
+    if not computing or len(computing) == len(parts):
+        return list(parts.values())
+    host = computing[0]
+    shape_only = [pair for p in parts.values() if p is not host and p not in computing for pair in p]
+    order = {id(pair): i for i, pair in enumerate(group)}
+    merged = sorted(host + shape_only, key=lambda pair: order[id(pair)])
+    return [merged if p is host else p for p in computing]
+
+
 def fuse(
     trace: TraceCtx,
     policy: NvFuserPolicy | None = None,
@@ -176,21 +324,13 @@ def fuse(
     if _uniform_replaceable(trace):
         with thunder_context():
             trace = replace_uniform(trace)
+    trace = simplify(trace)
 
     bsyms = list(trace.bound_symbols)
     kinds = [op_kind(b) for b in bsyms]
+    if any(b.sym.is_fusion for b in bsyms):
+        raise ValueError("the trace is already fused; remat.fuse expects an unfused joint trace")
     stand_alone = _stand_alone(bsyms, kinds)
-    # Last position at which each name is read; a group's outputs are names read after it.
-    last_read: dict[str, int] = {}
-    for index, bsym in enumerate(bsyms):
-        if bsym.sym.is_fusion:
-            raise ValueError("the trace is already fused; remat.fuse expects an unfused joint trace")
-        for p in bsym.flat_proxy_args:
-            last_read[p.name] = index
-
-    new_bsyms = []
-    counter = 0
-    index = 0
     if not policy.transposed_cat and "cat" in kinds:
         producer = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
         stand_alone = stand_alone | {
@@ -200,26 +340,46 @@ def fuse(
     def fusible(i: int) -> bool:
         return policy.can_fuse_kind(kinds[i]) and i not in stand_alone
 
+    # Runs of consecutive fusible ops (Thunder's "consecutive" fusion), repeated ops merged inside each;
+    # an item is a stand-alone bound symbol or a run, a list of (bound symbol, kind).
+    items: list = []
+    replaced: dict = {}
+    index = 0
     while index < len(bsyms):
         if not fusible(index):
-            new_bsyms.append(bsyms[index])
+            items.append(_swap(bsyms[index], replaced))
             index += 1
             continue
         end = index
         while end + 1 < len(bsyms) and fusible(end + 1):
             end += 1
-        group = bsyms[index : end + 1]
-        group_kinds = kinds[index : end + 1]
-        if not policy.shape_only_regions and all(k in NVFUSER_SHAPE_PRIMS for k in group_kinds):
-            new_bsyms.extend(group)
-        else:
+        items.append(_merge_duplicates(list(zip(bsyms[index : end + 1], kinds[index : end + 1])), replaced))
+        index = end + 1
+
+    # Last position at which each name is read; a region's outputs are names read after its run.
+    last_read: dict[str, int] = {}
+    for position, item in enumerate(items):
+        for bsym in (b for b, _ in item) if isinstance(item, list) else (item,):
+            for p in bsym.flat_proxy_args:
+                last_read[p.name] = position
+
+    new_bsyms = []
+    counter = 0
+    for position, item in enumerate(items):
+        if not isinstance(item, list):
+            new_bsyms.append(item)
+            continue
+        for part in [item] if policy.independent_parts else _connected_parts(item):
+            group = [b for b, _ in part]
+            if not policy.shape_only_regions and all(kind in _SHAPE_OPS for _, kind in part):
+                new_bsyms.extend(group)
+                continue
             produced = {p.name for b in group for p in b.flat_proxy_outs}
-            needed_after = {name for name in produced if last_read.get(name, -1) > end}
+            needed_after = {name for name in produced if last_read.get(name, -1) > position}
             inputs, outputs = region_io(group, needed_after)
             if outputs:
                 new_bsyms.append(make_region(executor, f"nvFusion{counter}", group, inputs, outputs))
                 counter += 1
-        index = end + 1
 
     fused = from_trace(trace)
     fused.bound_symbols = new_bsyms

@@ -1,10 +1,13 @@
-"""remat.fuse region choices that are remat's own (not Thunder's): the cat of transposed values."""
+"""remat.fuse choices that are remat's own (not Thunder's): the cat of transposed values, regions split into
+connected parts, and the exact cast clean-up before grouping."""
 
 import pytest
 import torch
 
 import remat
 from conftest import tiny_litgpt
+from remat.fuse import _SHAPE_OPS as SHAPE_OPS
+from remat.fuse import simplify
 from remat.graph import op_kind
 
 
@@ -63,3 +66,100 @@ def test_default_policy_trains_like_eager():
     torch.testing.assert_close(loss, eager_loss)
     for g, e in zip(grads, eager_grads):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def connected_parts(region) -> int:
+    """How many parts that compute something the subsymbols of ``region`` fall into (linked by a tensor
+    written and read, or read by both); parts made only of shape ops ride along and are not counted."""
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for i, s in enumerate(region.subsymbols):
+        for p in (*s.flat_proxy_args, *s.flat_proxy_outs):
+            if hasattr(p, "shape"):
+                parent[find(("op", i))] = find(("tensor", p.name))
+    computing = {find(("op", i)) for i, s in enumerate(region.subsymbols) if op_kind(s) not in SHAPE_OPS}
+    return len(computing)
+
+
+def test_regions_are_connected_by_default(joint):
+    regions = [b for b in remat.fuse(joint).bound_symbols if b.sym.is_fusion]
+    assert regions and all(connected_parts(r) == 1 for r in regions)
+    # with independent_parts, a bias gradient shares the layer-norm backward's region, as in Thunder
+    joined = [b for b in remat.fuse(joint, remat.NvFuserPolicy(independent_parts=True)).bound_symbols if b.sym.is_fusion]
+    assert any(connected_parts(r) > 1 for r in joined)
+    assert len(joined) < len(regions)
+    # the same ops are fused either way
+    assert sum(len(r.subsymbols) for r in joined) == sum(len(r.subsymbols) for r in regions)
+
+
+def test_independent_parts_is_type_checked():
+    with pytest.raises(TypeError):
+        remat.NvFuserPolicy(independent_parts="yes")
+
+
+@pytest.fixture(scope="module")
+def bf16_joint():
+    model = tiny_litgpt("stablecode-completion-alpha-3b", n_layer=1).to(torch.bfloat16)
+    return remat.training_trace(model, torch.randint(0, 128, (1, 32)))
+
+
+def casts(trace):
+    """(convert ops that undo an exact widening, rounding round trips f32 -> bf16 -> f32 of a float32
+    value that is not itself a widened bfloat16 one)."""
+    made_by = {p.name: b for b in trace.bound_symbols for p in b.flat_proxy_outs}
+    undoing, rounding = 0, 0
+    for b in trace.bound_symbols:
+        if op_kind(b) != "convert_element_type" or not hasattr(b.args[0], "dtype"):
+            continue
+        source = made_by.get(b.args[0].name)
+        if source is None or op_kind(source) != "convert_element_type" or not hasattr(source.args[0], "dtype"):
+            continue
+        start, middle, end = source.args[0].dtype, b.args[0].dtype, b.args[1]
+        if start == end and str(middle).endswith("float32") and str(start).endswith("bfloat16"):
+            undoing += 1
+        if start == end and str(start).endswith("float32") and str(middle).endswith("bfloat16"):
+            origin = made_by.get(getattr(source.args[0], "name", None))
+            if origin is None or op_kind(origin) != "convert_element_type" or not str(getattr(origin.args[0], "dtype", "")).endswith("bfloat16"):
+                rounding += 1
+    return undoing, rounding
+
+
+def test_simplify_drops_casts_that_undo_a_widening_and_keeps_rounding(bf16_joint):
+    from remat.execute import example_inputs, execute_joint
+
+    undoing, rounding = casts(bf16_joint)
+    assert undoing > 0 and rounding > 0  # the bf16 LitGPT backward has both
+    simplified = simplify(bf16_joint)
+    undoing_after, rounding_after = casts(simplified)
+    assert undoing_after == 0 and rounding_after > 0
+    assert len(simplified.bound_symbols) < len(bf16_joint.bound_symbols)
+    assert simplify(simplified) is simplified  # nothing left to do
+    # exact: the same outputs and gradients, bit for bit
+    inputs = example_inputs(bf16_joint, seed=3, int_high=128)
+    before, after = execute_joint(bf16_joint, inputs, seed=4), execute_joint(simplified, inputs, seed=4)
+    for a, b in zip((*before.outputs, *before.grads), (*after.outputs, *after.grads)):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b)
+
+
+def test_bf16_training_step_matches_eager():
+    model = tiny_litgpt("stablecode-completion-alpha-3b", n_layer=2).to(torch.bfloat16)
+    idx = torch.randint(0, 128, (1, 32))
+
+    def step(fn):
+        for p in model.parameters():
+            p.grad = None
+        loss = fn(idx).float().pow(2).mean()
+        loss.backward()
+        return loss.detach(), [p.grad.float().clone() for p in model.parameters()]
+
+    loss, grads = step(remat.jit(model, backend="torch"))
+    eager_loss, eager_grads = step(model)
+    torch.testing.assert_close(loss, eager_loss, rtol=2e-2, atol=1e-3)
+    for g, e in zip(grads, eager_grads):
+        assert ((g - e).norm() / (e.norm() + 1e-12)).item() < 2e-2

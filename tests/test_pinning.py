@@ -33,12 +33,12 @@ MODELS = {
 
 EXPECTED = {
     "pythia-14m": {
-        "estimated peak: unplanned / Thunder's rematerialize / remat": (403200, 314624, 299008),
+        "estimated peak: unplanned / Thunder's rematerialize / remat": (403200, 313088, 297728),
         "extra FLOPs": 122368,
         "new recompute regions": 6,
-        "recomputed forward ops": 92,
-        "regions after Thunder's split (forward, backward)": (5, 12),
-        "regions formed by remat.fuse": 11,
+        "recomputed forward ops": 88,
+        "regions after Thunder's split (forward, backward)": (5, 15),
+        "regions formed by remat.fuse": 14,  # bias gradients apart from the layer-norm backward (NvFuserPolicy.independent_parts)
         "regions that recompute": 11,
         "saved by remat": [
             "linear/linear f32[1, 32, 192]",
@@ -87,10 +87,10 @@ EXPECTED = {
         "estimated peak: unplanned / Thunder's rematerialize / remat": (279552, 263168, 238720),
         "extra FLOPs": 82432,
         "new recompute regions": 7,
-        "recomputed forward ops": 75,
-        "regions after Thunder's split (forward, backward)": (5, 12),
-        "regions formed by remat.fuse": 10,
-        "regions that recompute": 12,
+        "recomputed forward ops": 73,
+        "regions after Thunder's split (forward, backward)": (5, 14),
+        "regions formed by remat.fuse": 12,  # as above
+        "regions that recompute": 13,
         "saved by remat": [
             "linear/linear f32[1, 32, 128] x3",
             "nvFusion0/rsqrt f32[1, 32, 1]",

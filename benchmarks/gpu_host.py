@@ -1,0 +1,232 @@
+"""GPU diagnostic: how much of a training step is the host (Python) and how much the GPU, per phase.
+
+``gpu_memory.py`` times a step as DESIGN.md says: synchronize, forward, synchronize, backward,
+synchronize.  Every synchronize empties the GPU's queue, so whatever the host does before the first
+kernel of a phase (Thunder's cache check and prologue, autograd's bookkeeping) and wherever the host
+falls behind the GPU (many short kernels) shows up in the step time.  This script separates the two.
+
+For each mode (same model and inputs as ``gpu_memory.py``), medians over ``--steps`` steps of:
+
+* ``forward_call_ms`` / ``forward_ms``: until the forward call returns (host) / until the GPU is done;
+* ``backward_call_ms`` / ``backward_ms``: the same for ``loss.backward()``;
+* Thunder modes: ``cache_ms`` (cache lookup), ``prologue_ms`` (input checks), ``computation_host_ms``
+  (the forward program's host time) from ``thunder.compile_stats``;
+* remat: ``region_calls`` and ``region_host_ms`` (host time inside remat's nvFuser region callables,
+  per step) and ``execute_host_ms`` (the part of that spent in ``FusionDefinition.execute``);
+
+and from one profiled step (``torch.profiler``): per phase, the GPU busy time (union of kernel
+intervals), the delay from the phase's start to its first kernel, the idle time between its first and
+last kernel, and the largest gaps with the kernel that ended each.
+
+On the GPU machine:
+
+    source .gpu/activate.sh; python benchmarks/gpu_host.py --model stablecode-completion-alpha-3b --modes torch.compile thunder remat --out $OUT
+
+Results go to ``--out/gpu_host.jsonl``, a line per mode.  This is a diagnostic: the profiled step is
+slower than an unprofiled one; the medians come from unprofiled steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import remat  # noqa: E402  (compat bridge before Thunder)
+from gpu_memory import RUN, build, make  # noqa: E402
+
+
+class RegionTimer:
+    """Accumulates host time spent in remat's nvFuser region callables and, inside them, in
+    ``nvfuser_direct.FusionDefinition.execute`` (both methods wrapped while the timer is active)."""
+
+    def __init__(self):
+        self.reset()
+        self._restore = []
+
+    def reset(self):
+        self.calls = self.region_ns = self.execute_ns = 0
+
+    def _wrap(self, cls, name, counter):
+        original = getattr(cls, name)
+        timer = self
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                setattr(timer, counter, getattr(timer, counter) + time.perf_counter_ns() - start)
+                if counter == "region_ns":
+                    timer.calls += 1
+
+        setattr(cls, name, timed)
+        self._restore.append((cls, name, original))
+
+    def __enter__(self):
+        from remat import nvfuser
+
+        self._wrap(nvfuser.NvFuserRegionCallable, "__call__", "region_ns")
+        if nvfuser.available():
+            import nvfuser_direct
+
+            self._wrap(nvfuser_direct.FusionDefinition, "execute", "execute_ns")
+        return self
+
+    def __exit__(self, *exc):
+        for cls, name, original in reversed(self._restore):
+            setattr(cls, name, original)
+        self._restore.clear()
+
+
+def timed_step(fn, params, idx, targets, marks: bool = False) -> dict:
+    """One step, synchronized like ``gpu_memory.step``, with host and GPU times per phase (ms)."""
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.profiler.record_function("phase::forward") if marks else _null():
+        loss = fn(idx, targets)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    with torch.profiler.record_function("phase::backward") if marks else _null():
+        loss.backward()
+    t3 = time.perf_counter()
+    torch.cuda.synchronize()
+    t4 = time.perf_counter()
+    return dict(forward_call_ms=1e3 * (t1 - t0), forward_ms=1e3 * (t2 - t0), backward_call_ms=1e3 * (t3 - t2), backward_ms=1e3 * (t4 - t2), step_ms=1e3 * (t4 - t0))
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def phase_timeline(chrome_trace: Path) -> dict:
+    """Per phase (from the ``phase::*`` ranges): GPU busy, delay to the first kernel, idle inside the
+    phase, and the five largest gaps (after which kernel, how long)."""
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
+    phases = {e["name"].split("::")[1]: (e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("phase::") and "dur" in e}
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    result = {}
+    ordered = sorted(phases.items(), key=lambda item: item[1][0])
+    for i, (name, (start, _stop)) in enumerate(ordered):
+        limit = ordered[i + 1][1][0] if i + 1 < len(ordered) else float("inf")
+        mine = [k for k in kernels if start <= k[0] < limit]
+        if not mine:
+            continue
+        busy, end, gaps = 0.0, None, []
+        for k_start, k_stop, k_name in mine:
+            if end is not None and k_start > end:
+                gaps.append((k_start - end, last_name, k_name))
+            if end is None or k_start >= end:
+                busy += k_stop - k_start
+                end = k_stop
+            elif k_stop > end:
+                busy += k_stop - end
+                end = k_stop
+            last_name = k_name
+        gaps.sort(key=lambda g: -g[0])
+        result[name] = dict(
+            kernels=len(mine),
+            busy_ms=busy / 1e3,
+            first_kernel_delay_ms=(mine[0][0] - start) / 1e3,
+            idle_between_kernels_ms=sum(g[0] for g in gaps) / 1e3,
+            gaps_over_10us=sum(1 for g in gaps if g[0] > 10),
+            largest_gaps=[dict(us=round(g[0], 1), after=g[1][:70], before=g[2][:70]) for g in gaps[:5]],
+        )
+    return result
+
+
+def thunder_host(fn) -> dict:
+    import thunder
+
+    try:
+        cs = thunder.compile_stats(fn)
+    except Exception:
+        return {}
+    if cs is None or not getattr(cs, "last_trace_host_stop", None):
+        return {}
+
+    def ms(start, stop):
+        a, b = getattr(cs, start, None), getattr(cs, stop, None)
+        return (b - a) / 1e6 if a and b and b >= a else None
+
+    return dict(
+        cache_ms=ms("last_trace_cache_start", "last_trace_cache_stop"),
+        prologue_ms=ms("last_prologue_execution_start", "last_prologue_execution_stop"),
+        computation_host_ms=ms("last_trace_host_execution_start", "last_trace_host_execution_stop"),
+        thunder_call_ms=ms("last_trace_host_start", "last_trace_host_stop"),
+    )
+
+
+def run(args) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "gpu_host.jsonl"
+    module, params, idx, targets = build(args.model, args.layers, args.seq)
+    for mode in args.modes:
+        gc.collect()
+        torch.cuda.empty_cache()
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, run=RUN, device=torch.cuda.get_device_name())
+        try:
+            fn, _executor = make(mode, module)
+            timed_step(fn, params, idx, targets)  # compiles
+            timed_step(fn, params, idx, targets)
+            samples, host = [], []
+            timer = RegionTimer()
+            with timer:
+                for _ in range(args.steps):
+                    timer.reset()
+                    samples.append(timed_step(fn, params, idx, targets))
+                    host.append(dict(thunder_host(fn), region_calls=timer.calls, region_host_ms=timer.region_ns / 1e6, execute_host_ms=timer.execute_ns / 1e6))
+            for key in samples[0]:
+                record[key] = statistics.median(s[key] for s in samples)
+            for key in host[0]:
+                values = [h[key] for h in host if h.get(key) is not None]
+                if values:
+                    record[key] = statistics.median(values)
+            trace_file = out / f"host_{mode}.json"
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                record["profiled_step_ms"] = timed_step(fn, params, idx, targets, marks=True)["step_ms"]
+            prof.export_chrome_trace(str(trace_file))
+            record["phases"] = phase_timeline(trace_file)
+            del fn
+        except Exception:
+            import traceback
+
+            record["error"] = traceback.format_exc()[-2000:]
+        print(json.dumps(record), flush=True)
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="stablecode-completion-alpha-3b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", default=["torch.compile", "thunder", "remat"])
+    parser.add_argument("--out", default="gpu_host_out")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
