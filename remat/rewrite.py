@@ -17,8 +17,8 @@ The new joint trace is such that
   split treat the region as forward);
 * recomputation is placed per consuming unit, so a recomputed value never lives longer than the unit
   that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``);
-* a region output that is a view of another output (``reshape(a)`` beside ``a``) is written after the
-  region as a stand-alone view, which costs no memory.
+* a region output that is a view of another output (``reshape(a)`` beside ``a``) or of an input is
+  written after the region as a stand-alone view, which costs no memory.
 
 Recomputed prims inside a region keep their forward names, as Thunder's own rematerialization does:
 they are internal to the region and invisible to the split.  Regions keep their names (so a plan reads
@@ -132,8 +132,11 @@ def _closure(graph: FusionGraph, saved: set[str], values: Sequence[str]) -> list
 
 
 def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str], inputs: Sequence[str]) -> tuple[int, ...]:
-    """Op nodes of a region that write an output which is a view of another output (or, for ops that are
-    always views, of an input): see the module docstring."""
+    """Op nodes of a region that write an output which is a view of another output or of an input (a
+    ``reshape`` of an input only where the strides make it a view): see the module docstring.  Besides
+    costing nothing outside, a view of an input kept as a region output made nvFuser 0.2.36 give it a
+    segment of its own and split the rest of the region (a layer-norm backward into four kernels
+    instead of one)."""
     ops, tensors = graph.ops, graph.tensors
     producer: dict[str, int] = {}
     for n in nodes:
@@ -155,7 +158,8 @@ def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str],
             continue
         base = tensor_args[0]
         base_is_output = base in output_names and base not in hoisted_names
-        if not (base_is_output or (op.kind in _ALWAYS_VIEW and base in input_names)):
+        view_of_input = base in input_names and (op.kind in _ALWAYS_VIEW or n in graph.view_ops)
+        if not (base_is_output or view_of_input):
             continue
         hoisted.append(n)
         hoisted_names.add(name)
@@ -365,7 +369,7 @@ def apply_plan(
             f"recomputed {len(plan.recomputed_ops)} ops"
         )
     )
-    notes = [f"{hoisted_count} region outputs that were views of other outputs now alias them"] if hoisted_count else []
+    notes = [f"{hoisted_count} region outputs that were views of other outputs or inputs now alias them"] if hoisted_count else []
     return RewriteResult(new_trace, layout.extra_flops, recompute_regions, notes, placements)
 
 
