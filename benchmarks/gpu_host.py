@@ -120,7 +120,13 @@ def phase_timeline(chrome_trace: Path) -> dict:
     """Per phase (from the ``phase::*`` ranges): GPU busy, delay to the first kernel, idle inside the
     phase, and the five largest gaps (after which kernel, how long)."""
     events = json.loads(chrome_trace.read_text())["traceEvents"]
-    phases = {e["name"].split("::")[1]: (e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("phase::") and "dur" in e}
+    # the host-side ranges: record_function also writes a GPU-side copy ("gpu_user_annotation") that
+    # starts at the phase's first kernel
+    phases = {
+        e["name"].split("::")[1]: (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if str(e.get("name", "")).startswith("phase::") and "dur" in e and e.get("cat") != "gpu_user_annotation"
+    }
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     result = {}
     ordered = sorted(phases.items(), key=lambda item: item[1][0])

@@ -38,3 +38,35 @@ def test_each_group_shows_its_latest_run_only(tmp_path):
     assert remat_row[4].strip() == "11.00"
     assert remat_row[7].strip() == "0.600" and remat_row[8].strip() == "0.917"  # against the same run's Thunder
     assert "started 2026-12-02T15:20 UTC" in table
+
+
+def load_benchmark(name):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_diagnostic_splits_kernels_by_phase(tmp_path):
+    gpu_host = load_benchmark("gpu_host")
+    kernel = lambda ts, dur, name: dict(cat="kernel", ts=ts, dur=dur, name=name)  # noqa: E731
+    events = [
+        dict(name="phase::forward", ts=0.0, dur=50.0, ph="X"),
+        kernel(10.0, 20.0, "a"),
+        kernel(25.0, 10.0, "b"),  # overlaps a: busy counts the union
+        kernel(45.0, 5.0, "c"),  # 10 us after b ends
+        dict(name="phase::backward", ts=100.0, dur=40.0, ph="X"),
+        kernel(130.0, 10.0, "d"),  # 30 us after the backward starts
+    ]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    phases = gpu_host.phase_timeline(trace)
+    forward, backward = phases["forward"], phases["backward"]
+    assert forward["kernels"] == 3 and abs(forward["busy_ms"] - 0.030) < 1e-9
+    assert abs(forward["first_kernel_delay_ms"] - 0.010) < 1e-9
+    assert abs(forward["idle_between_kernels_ms"] - 0.010) < 1e-9
+    assert forward["largest_gaps"][0] == dict(us=10.0, after="b", before="c")
+    assert backward["kernels"] == 1 and abs(backward["first_kernel_delay_ms"] - 0.030) < 1e-9
