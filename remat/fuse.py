@@ -24,11 +24,11 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
   (:func:`remat.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
   such a buffer made inside a region would be written into a copy and the update lost.
 
-Before grouping, the trace is simplified exactly (:func:`simplify`): common subexpressions are merged
-(Thunder's ``cse``) and a float cast that undoes a widening cast (``bf16 -> f32 -> bf16``) is replaced by
-the value it started from, so a region does not write a copy of its own input.  Thunder's nvFuser pass
-does the same after fusing, with one difference: its ``remove_redundant_casts`` also drops rounding
-casts (``f32 -> bf16 -> f32``), which changes results; remat keeps those.
+Before grouping, the trace is simplified exactly (:func:`simplify`): a float cast that undoes a widening
+cast (``bf16 -> f32 -> bf16``) is replaced by the value it started from, so a region does not write a
+copy of its own input; then ops repeated inside a run are merged (within the run only).  Thunder's
+nvFuser pass does both after fusing, with one difference: its ``remove_redundant_casts`` also drops
+rounding casts (``f32 -> bf16 -> f32``), which changes results; remat keeps those.
 
 Differences (documented in docs/design.md): nvFuser also declines ops on CPU tensors and checks
 per-op dtype support; the stand-in does neither, since CPU/meta traces stand for GPU runs.  It does not
@@ -194,8 +194,7 @@ def simplify(trace: TraceCtx) -> TraceCtx:
     widened: dict[str, TensorProxy] = {}  # name of an exactly widened value -> the value it came from
     new_bsyms = []
     for bsym in trace.bound_symbols:
-        if replaced and any(variableify(p) in replaced for p in bsym.flat_proxy_args):
-            bsym = bsym.from_bsym_swap_proxies(replaced, skip_inputs=False, skip_output=True)
+        bsym = _swap(bsym, replaced)
         if bsym.sym.id is prims.PrimIDs.CONVERT_ELEMENT_TYPE and len(bsym.args) == 2 and isinstance(bsym.args[0], TensorProxy):
             source, dtype = bsym.args
             out = bsym.output
@@ -283,14 +282,13 @@ def _connected_parts(group: list) -> list[list]:
     parts: dict[int, list] = {}
     for i, pair in enumerate(group):
         parts.setdefault(find(i), []).append(pair)
-    computing = [p for p in parts.values() if not all(kind in _SHAPE_OPS for _, kind in p)]
+    computing = [root for root, p in parts.items() if not all(kind in _SHAPE_OPS for _, kind in p)]
     if not computing or len(computing) == len(parts):
         return list(parts.values())
     host = computing[0]
-    shape_only = [pair for p in parts.values() if p is not host and p not in computing for pair in p]
-    order = {id(pair): i for i, pair in enumerate(group)}
-    merged = sorted(host + shape_only, key=lambda pair: order[id(pair)])
-    return [merged if p is host else p for p in computing]
+    # members in trace order: the host part and every shape-only part, as one
+    merged = [pair for i, pair in enumerate(group) if find(i) == host or find(i) not in computing]
+    return [merged if root == host else parts[root] for root in computing]
 
 
 def fuse(
