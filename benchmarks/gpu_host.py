@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402  (compat bridge before Thunder)
 from gpu_memory import RUN, build, make  # noqa: E402
+from gpu_profile import kernel_union  # noqa: E402
 
 
 class RegionTimer:
@@ -135,17 +136,7 @@ def phase_timeline(chrome_trace: Path) -> dict:
         mine = [k for k in kernels if start <= k[0] < limit]
         if not mine:
             continue
-        busy, end, gaps = 0.0, None, []
-        for k_start, k_stop, k_name in mine:
-            if end is not None and k_start > end:
-                gaps.append((k_start - end, last_name, k_name))
-            if end is None or k_start >= end:
-                busy += k_stop - k_start
-                end = k_stop
-            elif k_stop > end:
-                busy += k_stop - end
-                end = k_stop
-            last_name = k_name
+        busy, gaps = kernel_union(mine)
         gaps.sort(key=lambda g: -g[0])
         result[name] = dict(
             kernels=len(mine),

@@ -91,19 +91,28 @@ def replay(snapshot: dict, start_bytes: int) -> dict:
     )
 
 
+def kernel_union(kernels: list[tuple[float, float, str]]) -> tuple[float, list[tuple[float, str, str]]]:
+    """For kernels ``(start, stop, name)`` sorted by start: the GPU busy time (the union of their
+    intervals) and the gaps in it, each ``(length, kernel that ended before it, kernel after it)``."""
+    busy, end, end_name, gaps = 0.0, None, "", []
+    for start, stop, name in kernels:
+        if end is not None and start > end:
+            gaps.append((start - end, end_name, name))
+        if end is None or start >= end:
+            busy += stop - start
+            end, end_name = stop, name
+        elif stop > end:
+            busy += stop - end
+            end, end_name = stop, name
+    return busy, gaps
+
+
 def gpu_busy(chrome_trace: Path) -> dict:
     """From an exported profiler trace: kernel count, GPU busy time (union of kernel intervals) and the
     span from first to last kernel, so idle = span - busy is time the GPU waited (mostly on launches)."""
     events = json.loads(chrome_trace.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
-    busy, end = 0.0, None
-    for start, stop in kernels:
-        if end is None or start >= end:
-            busy += stop - start
-            end = stop
-        elif stop > end:
-            busy += stop - end
-            end = stop
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    busy, _ = kernel_union(kernels)
     span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
     return dict(kernels=len(kernels), gpu_busy_ms=busy / 1e3, kernel_span_ms=span / 1e3, gpu_idle_ms=(span - busy) / 1e3)
 
