@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt
+from conftest import tiny_litgpt, train_step
 from remat.fuse import _SHAPE_OPS as SHAPE_OPS
 from remat.fuse import simplify
 from remat.graph import op_kind
@@ -51,18 +51,11 @@ def test_default_policy_trains_like_eager():
     model = tiny_litgpt("pythia-14m", n_layer=2)
     idx = torch.randint(0, 128, (1, 64))
 
-    def step(fn):
-        for p in model.parameters():
-            p.grad = None
-        loss = fn(idx).float().pow(2).mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
     jitted = remat.jit(model, backend="torch")
-    loss, grads = step(jitted)
+    loss, grads = train_step(jitted, idx)
     trace = remat.executor_of(jitted).last_result.trace
     assert any(op_kind(b) == "cat" for b in trace.bound_symbols)  # the stand-alone cat ran
-    eager_loss, eager_grads = step(model)
+    eager_loss, eager_grads = train_step(model, idx)
     torch.testing.assert_close(loss, eager_loss)
     for g, e in zip(grads, eager_grads):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
@@ -151,15 +144,8 @@ def test_bf16_training_step_matches_eager():
     model = tiny_litgpt("stablecode-completion-alpha-3b", n_layer=2).to(torch.bfloat16)
     idx = torch.randint(0, 128, (1, 32))
 
-    def step(fn):
-        for p in model.parameters():
-            p.grad = None
-        loss = fn(idx).float().pow(2).mean()
-        loss.backward()
-        return loss.detach(), [p.grad.float().clone() for p in model.parameters()]
-
-    loss, grads = step(remat.jit(model, backend="torch"))
-    eager_loss, eager_grads = step(model)
+    loss, grads = train_step(remat.jit(model, backend="torch"), idx)
+    eager_loss, eager_grads = train_step(model, idx)
     torch.testing.assert_close(loss, eager_loss, rtol=2e-2, atol=1e-3)
-    for g, e in zip(grads, eager_grads):
+    for g, e in zip((g.float() for g in grads), (e.float() for e in eager_grads)):
         assert ((g - e).norm() / (e.norm() + 1e-12)).item() < 2e-2
