@@ -1,3 +1,5 @@
+"""``python -m remat``: the command line (:mod:`remat.cli`)."""
+
 import sys
 
 from remat.cli import main

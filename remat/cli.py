@@ -6,36 +6,17 @@ import argparse
 import sys
 import time
 
-MIB = 1024 * 1024
+import torch
 
+from remat.core.memory import format_bytes
+from remat.models import check_config_name, demo_model
+from remat.pipeline import estimate_memory, optimize
+from remat.report import run as run_report
+from remat.thunder.capture import training_trace
+from remat.thunder.execute import example_inputs, execute_joint, thunder_rematerialize
+from remat.thunder.fuse import fuse
 
-def _fmt_bytes(n: int) -> str:
-    if n >= MIB:
-        return f"{n / MIB:.2f} MiB"
-    return f"{n / 1024:.1f} KiB"
-
-
-def demo_model(name: str = "stablecode-completion-alpha-3b", layers: int = 2, seq: int = 256, device: str = "meta"):
-    """The demo's model: a LitGPT config shrunk to n_embd 128 (real architecture, tiny width)."""
-    import torch
-    from litgpt import GPT, Config
-
-    config = Config.from_name(
-        name,
-        n_layer=layers,
-        n_embd=128,
-        n_head=4,
-        n_query_groups=4,
-        intermediate_size=512,
-        block_size=seq,
-        vocab_size=512,
-        padded_vocab_size=512,
-    )
-    with torch.device(device):
-        torch.manual_seed(0)
-        model = GPT(config)
-        idx = torch.randint(0, 512, (1, seq))
-    return model, idx
+__all__ = ["main", "run_demo"]
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -49,11 +30,13 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    import torch
-
-    import remat
-    from remat.execute import example_inputs, execute_joint, thunder_rematerialize
-
+    try:  # a message, not litgpt's traceback
+        check_config_name(args.model)
+        if args.layers < 1 or args.seq < 1:
+            raise ValueError(f"--layers and --seq must be positive, got {args.layers} and {args.seq}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     print(
         f"remat demo: LitGPT {args.model} shrunk to n_embd 128, {args.layers} layers, seq {args.seq}, "
@@ -62,23 +45,23 @@ def run_demo(args: argparse.Namespace) -> int:
     model, idx = demo_model(args.model, args.layers, args.seq, device="cpu")
 
     t = time.perf_counter()
-    joint = remat.training_trace(model, idx)
+    joint = training_trace(model, idx)
     print(f"  traced the joint forward+backward trace in {time.perf_counter() - t:.1f} s (no tensor math ran)")
-    fused = remat.fuse(joint)
+    fused = fuse(joint)
 
     thunder_trace, thunder_seconds = thunder_rematerialize(fused)
-    thunder_profile = remat.estimate_memory(thunder_trace)
-    result = remat.optimize(fused)
+    thunder_profile = estimate_memory(thunder_trace)
+    result = optimize(fused)
     graph = result.graph
     regions = sum(1 for u in graph.units if u.kind == "region")
     saved_count = len(result.plan.saved) if result.plan else 0
     print(f"  {len(graph.ops)} ops in {regions} nvFuser-style regions; one min-cut over the whole forward keeps {saved_count} values")
 
     rows = [("plan", "saved", "est. peak", "recomputed ops", "plan time")]
-    rows.append(("no rematerialization", _fmt_bytes(result.before.saved_bytes), _fmt_bytes(result.before.peak_bytes), "-", "-"))
-    rows.append(("Thunder 0.2.6 rematerialize", _fmt_bytes(thunder_profile.saved_bytes), _fmt_bytes(thunder_profile.peak_bytes), "-", f"{thunder_seconds * 1e3:.0f} ms"))
+    rows.append(("no rematerialization", format_bytes(result.before.saved_bytes), format_bytes(result.before.peak_bytes), "-", "-"))
+    rows.append(("Thunder 0.2.6 rematerialize", format_bytes(thunder_profile.saved_bytes), format_bytes(thunder_profile.peak_bytes), "-", f"{thunder_seconds * 1e3:.0f} ms"))
     recomputed = str(len(result.plan.recomputed_ops)) if result.plan else "-"
-    rows.append(("remat.optimize", _fmt_bytes(result.after.saved_bytes), _fmt_bytes(result.after.peak_bytes), recomputed, f"{result.seconds * 1e3:.0f} ms"))
+    rows.append(("remat.optimize", format_bytes(result.after.saved_bytes), format_bytes(result.after.peak_bytes), recomputed, f"{result.seconds * 1e3:.0f} ms"))
     print()
     print(_table(rows))
     print(
@@ -98,13 +81,6 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"checked on CPU: outputs and {len(pairs) - len(expected.outputs)} gradients match (max relative difference {worst:.1e})")
     print(f"\ndone in {time.perf_counter() - started:.1f} s")
     return 0 if worst <= 1e-5 else 1
-
-
-def run_report(args: argparse.Namespace) -> int:
-    """``python -m remat report``: see :mod:`remat.report`."""
-    from remat.report import run
-
-    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,19 @@
-"""Exceptions raised by remat.  All derive from :class:`RematError`."""
+"""Exceptions and warnings remat raises.  Every error derives from :class:`RematError`."""
 
 from __future__ import annotations
+
+__all__ = [
+    "RematError",
+    "TraceCaptureError",
+    "NoBackwardError",
+    "UnsupportedTraceError",
+    "GraphError",
+    "InfeasibleError",
+    "UnknownOpError",
+    "InPlaceError",
+    "OptimizationError",
+    "OptimizationWarning",
+]
 
 
 class RematError(Exception):
@@ -39,3 +52,7 @@ class InPlaceError(UnsupportedTraceError):
 class OptimizationError(RematError, RuntimeError):
     """``strict=True``: fusing, solving or rewriting failed, or the plan would raise the estimated peak.
     Without ``strict`` remat keeps the trace as it was and warns (:class:`remat.OptimizationWarning`)."""
+
+
+class OptimizationWarning(UserWarning):
+    """remat left (part of) a trace as it was, or could not meet a request (a budget); the message says why."""

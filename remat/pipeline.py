@@ -1,35 +1,45 @@
-"""``remat.optimize``: trace -> graph -> problem -> solver -> plan -> rewrite, with memory before/after.
+"""The pipeline: trace -> graph -> problem -> solver -> plan -> rewrite, with memory before and after.
 
-Nothing is lost: if the plan cannot be applied (the solver fails, the rewrite fails, or the rewritten
-trace would peak higher than the original), :func:`optimize` returns the trace as it came, with the
-reason in ``Result.notes`` and one warning; ``strict=True`` raises instead.
+:func:`optimize` reads a fused joint trace (:func:`remat.thunder.read.read_trace`), plans it
+(:func:`remat.planning.plan.plan_graph`, or with a budget :func:`remat.planning.budget.plan_for_budget`),
+applies the plan (:func:`remat.thunder.rewrite.apply_plan`) and measures both traces with the memory
+model.  Nothing is lost: if the plan cannot be applied (the solver fails, the rewrite fails, or the
+rewritten trace would peak higher than the original), :func:`optimize` returns the trace as it came, with
+the reason in ``Result.notes`` and one warning; ``strict=True`` raises instead.
+
+:func:`pareto` and :func:`estimate_memory` take traces as well as graphs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
 
-from remat import _compat
-from remat.errors import InPlaceError, OptimizationError, RematError, UnknownOpError
-from remat.graph import FusionGraph
-from remat.memory import MemoryProfile, profile_graph
-from remat.plan import Plan, plan_from_cut
-from remat.problem import RecomputePolicy, build_problem, mutation_hazard_ops
-from remat.rewrite import apply_plan
-from remat.solver import min_cut
-from remat.validation import check_memory_budget, check_recompute_policy, check_solver_backend
+import networkx as nx
 
-_compat.import_thunder()
+from remat.core.ir import FORWARD, FusionGraph
+from remat.core.memory import MemoryBudget, MemoryProfile, format_bytes, profile_graph
+from remat.core.plain import plain_graph
+from remat.core.policies import RecomputePolicy, check_policy
+from remat.errors import (
+    InPlaceError,
+    NoBackwardError,
+    OptimizationError,
+    OptimizationWarning,
+    RematError,
+    UnknownOpError,
+)
+from remat.planning import budget as budgets
+from remat.planning.budget import ParetoPoint
+from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
+from remat.planning.plan import Plan, plan_graph
+from remat.thunder import TraceCtx
+from remat.thunder.read import read_trace
+from remat.thunder.rewrite import apply_plan
 
-from thunder.core.trace import TraceCtx  # noqa: E402
-
-__all__ = ["Result", "optimize", "OptimizationWarning", "left_as_is"]
-
-
-class OptimizationWarning(UserWarning):
-    """remat left (part of) a trace as it was; the message says why."""
+__all__ = ["Result", "optimize", "pareto", "estimate_memory", "left_as_is"]
 
 
 @dataclass
@@ -39,9 +49,11 @@ class Result:
     ``trace``: the optimized trace (on fallback, the original).  ``plan``: the :class:`~remat.Plan`
     (None on fallback).  ``before`` / ``after``: :class:`~remat.MemoryProfile` of the original and the
     optimized trace.  ``graph``: the :class:`~remat.FusionGraph` of the original trace (the plan's node
-    ids refer to it).  ``extra_flops``: FLOPs the backward now recomputes (counted per placement);
-    ``step_flops``: FLOPs of the original step.  ``placements``: region -> recomputed op nodes.
-    ``applied``: False when the trace was left as it was; ``notes`` says why (or what else happened).
+    ids refer to it); ``after_graph``: that of the optimized trace (read on first use).
+    ``extra_flops``: FLOPs the backward now recomputes (counted per placement); ``step_flops``: FLOPs of
+    the original step.  ``placements``: region -> recomputed op nodes.  ``applied``: False when the trace
+    was left as it was; ``notes`` says why (or what else happened).  ``frontier``: with a memory budget,
+    the Pareto frontier the plan was chosen from (see :func:`remat.pareto`).
     """
 
     trace: TraceCtx
@@ -57,8 +69,15 @@ class Result:
     original: TraceCtx | None = None
     #: region of ``trace`` -> op nodes of ``graph`` it recomputes (new recompute regions included)
     placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    #: with a memory budget: the Pareto frontier the plan was chosen from (see :func:`remat.pareto`)
-    frontier: list | None = None
+    frontier: list[ParetoPoint] | None = None
+
+    @functools.cached_property
+    def after_graph(self) -> FusionGraph:
+        """The :class:`~remat.FusionGraph` of :attr:`trace`, with operations (the one the pictures and the
+        report draw)."""
+        if self.trace is getattr(self.graph.origin, "trace", None):
+            return self.graph
+        return read_trace(self.trace, derived_from=self.graph)
 
     def summary(self) -> str:
         mib = 2**20
@@ -82,18 +101,20 @@ class Result:
 
 def optimize(
     trace: TraceCtx,
-    memory_budget: int | float | None = None,
+    memory_budget: MemoryBudget | int | float | str | None = None,
     *,
-    policy: RecomputePolicy | None = None,
-    backend: str = "scipy",
+    recompute: RecomputePolicy | None = None,
+    solver: Solver = DEFAULT_SOLVER,
     strict: bool = False,
 ) -> Result:
     """Plan and apply one global rematerialization of a (fused) joint Thunder trace.
 
-    ``policy`` says what may be recomputed (default: no matmuls, attention, reductions or stateful RNG).
-    ``memory_budget`` (bytes, or a fraction of the un-optimized estimated peak) asks for more
-    recomputation until the estimated peak fits; see :mod:`remat.budget`.  ``backend`` picks the min-cut
-    solver (``"scipy"`` or ``"networkx"``).
+    ``recompute`` says what may be recomputed (a :class:`~remat.RecomputePolicy`; default: no matmuls,
+    attention, reductions or stateful RNG).  ``memory_budget`` (a :class:`~remat.MemoryBudget`: bytes as an
+    int, a fraction in (0, 1] of the un-optimized estimated peak as a float, or a string like ``"600MiB"``
+    or ``"70%"``) asks for more recomputation until the estimated peak fits; see
+    :mod:`remat.planning.budget`.  ``solver`` picks the min-cut algorithm (``"dinic"``,
+    ``"preflow_push"`` or a function; :mod:`remat.planning.flow`).
 
     What remat cannot handle is left as the trace has it, each cause with one
     :class:`OptimizationWarning` (docs/robustness.md): a failing solve or rewrite, or a plan that would
@@ -103,50 +124,56 @@ def optimize(
     instead (:class:`~remat.OptimizationError`, :class:`~remat.UnknownOpError`,
     :class:`~remat.InPlaceError`).  ``Result.original`` is always the input trace, unchanged.
 
-    Raises ``TypeError`` (not a trace; wrong budget or policy type), ``ValueError`` (unknown backend,
-    non-positive budget), :class:`remat.NoBackwardError` (no backward),
+    Raises ``TypeError`` (not a trace; wrong budget or policy type), ``ValueError`` (unknown solver, a
+    budget that is neither bytes nor a fraction), :class:`remat.NoBackwardError` (no backward),
     :class:`remat.UnsupportedTraceError` (empty trace, symbolic shapes).
     """
     if not isinstance(trace, TraceCtx):
         hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
         raise TypeError(f"optimize expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
-    check_memory_budget(memory_budget)
-    check_recompute_policy(policy)
-    check_solver_backend(backend)
-    return _optimize(trace, memory_budget, policy=policy, backend=backend, strict=strict)
-
-
-def _optimize(
-    trace: TraceCtx,
-    memory_budget: int | float | None,
-    *,
-    policy: RecomputePolicy | None,
-    backend: str,
-    strict: bool,
-) -> Result:
+    budget = MemoryBudget.parse(memory_budget)
+    check_policy(recompute, RecomputePolicy, "recompute")
+    resolve_solver(solver)
     start = time.perf_counter()
-    if memory_budget is not None:
-        from remat.budget import optimize_with_budget, resolve_budget
-
-        resolve_budget(memory_budget, 1)  # validate before any work
-        return optimize_with_budget(trace, memory_budget, policy=policy, backend=backend, strict=strict)
-    graph = FusionGraph.from_trace(trace)
+    graph = read_trace(trace)
     if not graph.is_joint:
-        from remat.errors import NoBackwardError
-
         raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
     before = profile_graph(graph)
-    policy = policy or RecomputePolicy()
+    choice = None
     try:
-        problem = build_problem(graph, policy)
-        cut = min_cut(problem, backend)
-        plan = plan_from_cut(problem, cut, policy)
+        if budget is None:
+            plan = plan_graph(graph, recompute, solver)
+        else:
+            choice = budgets.plan_for_budget(graph, budget, reference_peak=before.peak_bytes, recompute=recompute, solver=solver)
+            plan = choice.plan
     except Exception as exc:  # a solver failure must never break the user's training step
         if strict:
             _raise_strict(f"solver failed: {type(exc).__name__}: {exc}", exc)
         reason = f"solver: {exc}" if isinstance(exc, RematError) else f"solver failed: {type(exc).__name__}: {exc}"
         return _fallback(trace, graph, before, reason, start)
-    return _optimize_with_plan(trace, graph, before, plan, strict=strict, start=start)
+    result = _apply(trace, graph, before, plan, strict=strict, start=start)
+    if choice is not None:
+        _note_budget(result, budget, choice, strict)
+    return result
+
+
+def _note_budget(result: Result, budget: MemoryBudget, choice: budgets.BudgetChoice, strict: bool) -> None:
+    point, budget_bytes = choice.point, choice.budget_bytes
+    if choice.fits:
+        result.notes.append(
+            f"budget {budget} ({format_bytes(budget_bytes)}): chose the plan with the fewest extra FLOPs whose estimated "
+            f"peak ({format_bytes(point.peak_bytes)}) fits, out of {len(choice.frontier)} on the frontier"
+        )
+    else:
+        message = (
+            f"memory budget {budget} ({format_bytes(budget_bytes)}) is not reachable: the smallest estimated peak remat "
+            f"finds is {format_bytes(point.peak_bytes)} (recomputing {point.extra_flops:.3g} FLOPs); using that plan"
+        )
+        if strict:
+            raise OptimizationError(message)
+        warnings.warn(message, OptimizationWarning, stacklevel=3)
+        result.notes.append(message)
+    result.frontier = choice.frontier
 
 
 def _raise_strict(reason: str, exc: BaseException | None = None) -> None:
@@ -166,9 +193,9 @@ def _count(kinds) -> str:
 def left_as_is(graph: FusionGraph) -> list[tuple[type[RematError], str]]:
     """What remat leaves as the trace has it in a joint trace it can otherwise plan: one
     ``(error class, message)`` per cause (unknown forward ops; forward ops reading a buffer an in-place op
-    writes later).  Those ops are never recomputed (:func:`remat.problem.build_problem` pins them)."""
+    writes later).  Those ops are never recomputed (:func:`remat.planning.problem.build_problem` pins them)."""
     causes: list[tuple[type[RematError], str]] = []
-    unknown = [op.kind for op in graph.ops if op.phase == "forward" and "opaque" in op.tags]
+    unknown = [op.kind for op in graph.ops if op.phase == FORWARD and "opaque" in op.tags]
     if unknown:
         causes.append(
             (
@@ -177,7 +204,7 @@ def left_as_is(graph: FusionGraph) -> list[tuple[type[RematError], str]]:
                 "(stand-alone, never recomputed); the rest of the trace is optimized",
             )
         )
-    hazards = mutation_hazard_ops(graph)
+    hazards = graph.mutation_hazards
     if hazards:
         readers = [graph.ops[n].kind for n in hazards]
         writers = sorted(set(hazards.values()))
@@ -194,13 +221,10 @@ def left_as_is(graph: FusionGraph) -> list[tuple[type[RematError], str]]:
 
 def _fallback(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, reason: str, start: float) -> Result:
     warnings.warn(f"remat left the trace as it was: {reason}", OptimizationWarning, stacklevel=4)
-    step_flops = sum(op.flops for op in graph.ops)
-    return Result(trace, None, before, before, graph, 0, step_flops, time.perf_counter() - start, False, [reason], trace)
+    return Result(trace, None, before, before, graph, 0, graph.step_flops, time.perf_counter() - start, False, [reason], trace)
 
 
-def _optimize_with_plan(
-    trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, plan: Plan, *, strict: bool, start: float
-) -> Result:
+def _apply(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, plan: Plan, *, strict: bool, start: float) -> Result:
     """Rewrite ``trace`` by ``plan`` and measure it; the input trace comes back if that fails or would
     raise the estimated peak.  Parts left as they are (:func:`left_as_is`) are warned about here, once."""
     notes: list[str] = []
@@ -215,7 +239,7 @@ def _optimize_with_plan(
         if strict:
             _raise_strict(f"rewrite failed: {type(exc).__name__}: {exc}", exc)
         return _fallback(trace, graph, before, f"rewrite failed: {type(exc).__name__}: {exc}", start)
-    after = profile_graph(FusionGraph._from_trace(rewritten.trace, False, derived_from=graph))
+    after = profile_graph(read_trace(rewritten.trace, ops=False, derived_from=graph))
     if after.peak_bytes > before.peak_bytes:
         reason = (
             f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "
@@ -231,10 +255,44 @@ def _optimize_with_plan(
         after=after,
         graph=graph,
         extra_flops=rewritten.extra_flops,
-        step_flops=sum(op.flops for op in graph.ops),
+        step_flops=graph.step_flops,
         seconds=time.perf_counter() - start,
         applied=True,
         notes=notes + rewritten.notes,
         original=trace,
         placements=rewritten.placements,
     )
+
+
+def _graph_of(trace_or_graph: TraceCtx | FusionGraph | nx.DiGraph) -> FusionGraph:
+    if isinstance(trace_or_graph, FusionGraph):
+        return trace_or_graph
+    if isinstance(trace_or_graph, nx.DiGraph):
+        return plain_graph(trace_or_graph)[0]
+    if isinstance(trace_or_graph, TraceCtx):
+        return read_trace(trace_or_graph)
+    raise TypeError(f"expected a Thunder trace, a FusionGraph or a networkx.DiGraph, got {type(trace_or_graph).__name__}")
+
+
+def pareto(
+    trace_or_graph: TraceCtx | FusionGraph | nx.DiGraph,
+    *,
+    recompute: RecomputePolicy | None = None,
+    priced: RecomputePolicy | None = None,
+    solver: Solver = DEFAULT_SOLVER,
+) -> list[ParetoPoint]:
+    """The (estimated peak, extra FLOPs) frontier of plans for a fused joint trace, a
+    :class:`FusionGraph` or a plain networkx graph (:func:`remat.planning.budget.pareto`).  Plans of a plain
+    graph name op positions of :func:`remat.core.plain.plain_graph`'s graph."""
+    check_policy(recompute, RecomputePolicy, "recompute")
+    check_policy(priced, RecomputePolicy, "priced")
+    resolve_solver(solver)
+    return budgets.pareto(_graph_of(trace_or_graph), recompute=recompute, priced=priced, solver=solver)
+
+
+def estimate_memory(trace_or_graph: TraceCtx | FusionGraph) -> MemoryProfile:
+    """Memory profile (docs/memory-model.md) of any Thunder trace (joint, fused, Thunder's own
+    rematerialized traces included) or of a :class:`FusionGraph`."""
+    if isinstance(trace_or_graph, FusionGraph):
+        return profile_graph(trace_or_graph)
+    return profile_graph(read_trace(trace_or_graph, ops=False))  # TypeError (with a hint) for anything else

@@ -12,13 +12,13 @@ same fused trace, and writes into ``out``:
 ``timeline.png`` / ``timeline.svg``
     :func:`remat.viz.memory_timeline` with Thunder's plan as a third line.
 ``pareto.png`` / ``pareto.svg``
-    only where this version of remat has ``remat.pareto``.
+    the memory / recompute frontier (:func:`remat.pareto`).
 ``cut.dot``
     :func:`remat.viz.to_dot` (render with ``dot -Tsvg cut.dot``).
 ``definitions/<region>.py``
     each fusion region of the optimized trace as an nvFuser ``FusionDefinition`` script
-    (:func:`remat.nvfuser.definition_source`); a region remat cannot write that way (or a remat without
-    ``remat.nvfuser``) gets ``definitions/<region>.txt`` with its Thunder subsymbols and a note.
+    (:func:`remat.nvfuser.definition_source`); a region remat cannot write that way gets
+    ``definitions/<region>.txt`` with its Thunder subsymbols and a note.
 
 All memory figures are the analytic memory model's (docs/memory-model.md), not GPU measurements.
 Progress goes to ``log`` (one line per step, with the elapsed time).
@@ -26,20 +26,24 @@ Progress goes to ``log`` (one line per step, with the elapsed time).
 
 from __future__ import annotations
 
-import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import remat
 from remat import viz
-from remat.viz import format_bytes
+from remat.core.memory import MemoryBudget, format_bytes
+from remat.models import check_config_name, litgpt_model
+from remat.pipeline import Result, estimate_memory, optimize, pareto
+from remat.thunder.capture import training_trace
+from remat.thunder.execute import thunder_rematerialize
+from remat.thunder.fuse import fuse
+from remat.thunder.nvfuser import EmitError, definition_source
+from remat.thunder.read import read_trace
 
-__all__ = ["ReportFiles", "build_model", "check_config_name", "pareto_figure", "parse_budget", "region_definition", "write_report"]
-
-VOCAB = 512  # the anchors in DESIGN.md use vocab 512
+__all__ = ["ReportFiles", "pareto_figure", "region_definition", "write_report", "run"]
 
 
 @dataclass
@@ -55,83 +59,14 @@ class ReportFiles:
     notes: list[str] = field(default_factory=list)
 
 
-def parse_budget(text: str | float | int | None) -> int | float | None:
-    """``"0.8"`` -> 0.8 (a fraction of the un-optimized estimated peak); ``"600MiB"``, ``"1.5GiB"``,
-    ``"629145600"`` -> bytes (int).  Raises ValueError for anything else."""
-    if text is None:
-        return None
-    if isinstance(text, (int, float)):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMG]i?B|B)?\s*", text)
-        if not match:
-            raise ValueError(f"cannot read budget {text!r}: give a fraction like 0.8 or a size like 600MiB")
-        number, suffix = float(match.group(1)), (match.group(2) or "")
-        factor = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[suffix]
-        if number <= 0:
-            raise ValueError(f"budget must be positive, got {text!r}")
-        if not suffix and number <= 1:
-            return number
-        value = int(number * factor)
-    if value <= 0:
-        raise ValueError(f"budget must be positive, got {text!r}")
-    return value
-
-
-def check_config_name(name: str) -> None:
-    """Raise ValueError unless ``name`` is a LitGPT config name."""
-    from litgpt import Config
-
-    try:
-        Config.from_name(name)
-    except Exception as exc:  # litgpt raises ValueError with a message listing every name
-        raise ValueError(f"{name!r} is not a LitGPT config name (see litgpt.Config.from_name)") from exc
-
-
-def build_model(name: str, layers: int, seq: int, *, width: str = "full", device: str = "meta"):
-    """A LitGPT ``GPT`` for config ``name`` with ``layers`` layers and one batch of ``seq`` token ids.
-
-    ``width="full"``: the real config (bf16, vocab 512 as in the DESIGN anchors); ``width="demo"``: the
-    demo's shrunk config (n_embd 128, fp32; :func:`remat.cli.demo_model`).  Returns ``(model, idx,
-    description)``.  Raises ValueError for an unknown config name."""
-    import torch
-    from litgpt import GPT, Config
-
-    if layers < 1 or seq < 1:
-        raise ValueError(f"layers and seq must be positive, got layers={layers}, seq={seq}")
-    check_config_name(name)
-    if width == "demo":
-        from remat.cli import demo_model
-
-        model, idx = demo_model(name, layers, seq, device=device)
-        return model, idx, f"LitGPT `{name}` shrunk to n_embd 128 (demo width), {layers} layers, fp32, seq {seq}, vocab 512"
-    if width != "full":
-        raise ValueError(f"width must be 'full' or 'demo', got {width!r}")
-    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=VOCAB, padded_vocab_size=VOCAB)
-    with torch.device(device):
-        model = GPT(config).to(torch.bfloat16)
-        idx = torch.zeros(1, seq, dtype=torch.long)
-    description = (
-        f"LitGPT `{name}` at full width (n_embd {config.n_embd}, {config.n_head} heads, "
-        f"{config.n_query_groups} query groups, MLP {config.intermediate_size}), {layers} layers, bf16, "
-        f"batch 1, seq {seq}, vocab {VOCAB}"
-    )
-    return model, idx, description
-
-
 def region_definition(region) -> tuple[str, str]:
     """``(text, suffix)`` for one fusion region: its nvFuser definition script (``".py"``) from
-    :func:`remat.nvfuser.definition_source` where remat has it and can write the region, else the
-    region's Thunder subsymbols (``".txt"``) with a first line saying why."""
-    nvfuser = getattr(remat, "nvfuser", None)
-    definition_source = getattr(nvfuser, "definition_source", None)
-    if definition_source is None:
-        reason = "remat.nvfuser.definition_source is not available in this version of remat"
-    else:
-        try:
-            return definition_source(region), ".py"
-        except Exception as exc:  # EmitError for ops remat cannot write; report, don't fail
-            reason = f"remat.nvfuser could not write this region ({type(exc).__name__}: {exc})"
+    :func:`remat.nvfuser.definition_source` where remat can write the region, else the region's Thunder
+    subsymbols (``".txt"``) with a first line saying why."""
+    try:
+        return definition_source(region), ".py"
+    except EmitError as exc:  # ops remat cannot write: report, don't fail
+        reason = f"remat.nvfuser could not write this region ({type(exc).__name__}: {exc})"
     return f"# {reason}; its Thunder subsymbols:\n{region}\n", ".txt"
 
 
@@ -148,44 +83,42 @@ def write_report(
     seq: int,
     out: str | Path,
     *,
-    budget: str | int | float | None = None,
+    budget: MemoryBudget | str | int | float | None = None,
     width: str = "full",
     device: str = "meta",
     log: Callable[[str], None] = print,
     command: str | None = None,
 ) -> ReportFiles:
     """Write the report for LitGPT config ``model_name`` into directory ``out`` (created if needed; see the
-    module docstring for the files).  ``budget`` (see :func:`parse_budget`) is passed to
+    module docstring for the files).  ``budget`` (see :class:`remat.MemoryBudget`) is passed to
     :func:`remat.optimize` as ``memory_budget`` (an unreachable budget gives the lowest plan remat finds,
-    with a note).  Raises ValueError for a bad config name, width, layer count or budget."""
-    from remat.execute import thunder_rematerialize
-
-    memory_budget = parse_budget(budget)
+    with a note).  Raises ValueError for a bad config name, width, layer count or budget, before any
+    tracing, and OSError when ``out`` cannot be written."""
+    memory_budget = MemoryBudget.parse(budget)
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)  # an unwritable place fails now, not after the tracing
     started = time.perf_counter()
     say = _progress(log, started)
     files = ReportFiles(out=out, report=out / "report.md")
 
     say(f"building {model_name} ({width} width, {layers} layers, seq {seq}) on {device}")
-    model, idx, description = build_model(model_name, layers, seq, width=width, device=device)
+    built = litgpt_model(model_name, layers, seq, width=width, device=device)
+    description = built.description
     say("tracing the joint forward+backward trace with Thunder (several seconds at full width) ...")
     t = time.perf_counter()
-    joint = remat.training_trace(model, idx)
+    joint = training_trace(built.model, built.idx)
     trace_seconds = time.perf_counter() - t
     say(f"traced in {trace_seconds:.1f} s; forming nvFuser-style regions")
-    fused = remat.fuse(joint)
+    fused = fuse(joint)
 
     thunder_trace, thunder_seconds = thunder_rematerialize(fused)
-    thunder_profile = remat.estimate_memory(thunder_trace)
+    thunder_profile = estimate_memory(thunder_trace)
     say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
 
-    result = remat.optimize(fused, memory_budget)
+    result = optimize(fused, memory_budget)
     files.result = result
     applied = "applied" if result.applied else "NOT applied"
     say(f"remat.optimize: {result.seconds * 1e3:.0f} ms, plan {applied}")
-
-    out.mkdir(parents=True, exist_ok=True)
-    from remat import viz
 
     fig = viz.draw(result, title=f"remat on {model_name}: what the backward keeps and what it recomputes")
     for suffix in ("png", "svg"):
@@ -204,12 +137,8 @@ def write_report(
         files.pictures.append(path)
     files.dot = out / "cut.dot"
     files.dot.write_text(viz.to_dot(result))
-    budget_bytes = None
-    if memory_budget is not None:
-        from remat.budget import resolve_budget
-
-        budget_bytes = resolve_budget(memory_budget, result.before.peak_bytes)
-    pareto_note = _pareto(fused, out, files, say, budget_bytes)
+    budget_bytes = memory_budget.resolve(result.before.peak_bytes) if memory_budget is not None else None
+    pareto_note = _pareto(result, out, files, say, budget_bytes)
     say(f"pictures written ({collapse} layout)")
 
     definitions = out / "definitions"
@@ -236,20 +165,25 @@ def write_report(
     return files
 
 
-def pareto_figure(fused, *, budget_bytes: int | None = None):
-    """The Pareto curve (estimated peak against recomputed FLOPs) of a fused trace, drawn by
-    :func:`remat.viz.pareto_curve` with the step's FLOPs, the gradient floor and ``budget_bytes``."""
-    graph = remat.FusionGraph.from_trace(fused)
-    frontier = remat.pareto(graph)
-    step_flops = sum(op.flops for op in graph.ops)
+def pareto_figure(fused_or_result, *, budget_bytes: int | None = None):
+    """The Pareto curve (estimated peak against recomputed FLOPs) of a fused trace (or of the trace a
+    :class:`remat.Result` planned), drawn by :func:`remat.viz.pareto_curve` with the step's FLOPs, the
+    gradient floor and ``budget_bytes``."""
+    if isinstance(fused_or_result, Result):
+        graph, frontier = fused_or_result.graph, fused_or_result.frontier
+    else:
+        graph, frontier = read_trace(fused_or_result), None
+    if frontier is None:
+        frontier = pareto(graph)
+    step_flops = graph.step_flops
     gradient_bytes = sum(graph.tensors[g].bytes for g in graph.gradients if g in graph.tensors)
     return viz.pareto_curve(frontier, step_flops=step_flops, gradient_bytes=gradient_bytes, budget_bytes=budget_bytes)
 
 
-def _pareto(fused, out: Path, files: ReportFiles, say: Callable[[str], None], budget_bytes: int | None = None) -> str | None:
+def _pareto(result: Result, out: Path, files: ReportFiles, say: Callable[[str], None], budget_bytes: int | None = None) -> str | None:
     """Draw the Pareto curve; returns a note for report.md."""
     try:
-        fig = pareto_figure(fused, budget_bytes=budget_bytes)
+        fig = pareto_figure(result, budget_bytes=budget_bytes)
         for suffix in ("png", "svg"):
             path = out / f"pareto.{suffix}"
             fig.savefig(path)
@@ -335,7 +269,7 @@ def _markdown(
         lines += ["## Memory / recompute trade-off", "", f"![Pareto curve]({pareto_note})", ""]
 
     lines += ["## Largest saved tensors (after remat)", "", "| tensor | shape | dtype | size | made by | read by |", "|---|---|---|---|---|---|"]
-    after_graph = _after_graph(result)
+    after_graph = result.after_graph
     readers: dict[str, list[str]] = {}
     for unit in after_graph.units:
         if unit.phase == "backward" and unit.kind in ("region", "op"):
@@ -396,12 +330,6 @@ def _markdown(
     return "\n".join(lines)
 
 
-def _after_graph(result):
-    from remat.viz import _after_graph as cached
-
-    return cached(result)
-
-
 def _short(name: str) -> str:
     for prefix in ("torch.ops.aten.", "torch."):
         if name.startswith(prefix):
@@ -411,15 +339,14 @@ def _short(name: str) -> str:
 
 def run(args) -> int:
     """Entry point for ``python -m remat report`` (``args`` from :mod:`remat.cli`)."""
-    import sys
-
     command = "python -m remat report " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "report" else None
-    try:  # bad arguments: a message, not a traceback
-        parse_budget(args.budget)
+    try:  # bad arguments: a message, not a traceback, and before minutes of tracing
+        MemoryBudget.parse(args.budget)
         check_config_name(args.model)
         if args.layers < 1 or args.seq < 1:
             raise ValueError(f"--layers and --seq must be positive, got {args.layers} and {args.seq}")
-    except ValueError as exc:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     files = write_report(

@@ -40,15 +40,14 @@ The same layer groups are the horizontal bands of ``"compact"`` and ``"none"`` p
 from __future__ import annotations
 
 import re
-import weakref
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from remat.graph import BACKWARD, FORWARD, FusionGraph, Unit
-from remat.memory import MemoryProfile
-from remat.ops import INPUT_KINDS
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Unit
+from remat.core.memory import MemoryProfile, format_bytes
+from remat.core.ops import INPUT_KINDS
 from remat.pipeline import Result
 
 if TYPE_CHECKING:  # matplotlib is imported lazily: `import remat` stays light
@@ -74,18 +73,6 @@ _BAND = "#f4f4f4"
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def format_bytes(n: int | float) -> str:
-    """``1536 -> '1.5 KiB'``: binary units, three significant digits."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.3g} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def _check_result(res: object, fn: str) -> Result:
     if not isinstance(res, Result):
         hint = ""
@@ -93,26 +80,6 @@ def _check_result(res: object, fn: str) -> Result:
             hint = " Call remat.optimize(trace) first and pass its Result."
         raise TypeError(f"remat.viz.{fn} expects a remat.Result (from remat.optimize), got {type(res).__name__}.{hint}")
     return res
-
-
-_AFTER_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _after_graph(res: Result) -> FusionGraph:
-    """The FusionGraph of ``res.trace`` (cached per trace object)."""
-    if res.graph.trace is res.trace and res.graph.ops is not None:
-        return res.graph
-    try:
-        cached = _AFTER_GRAPHS.get(res.trace)
-    except TypeError:
-        cached = None
-    if cached is None:
-        cached = FusionGraph.from_trace(res.trace)
-        try:
-            _AFTER_GRAPHS[res.trace] = cached
-        except TypeError:
-            pass
-    return cached
 
 
 def _short_op_name(name: str) -> str:
@@ -321,7 +288,7 @@ def cut_rows(res: Result, collapse: str = "auto", max_rows: int = 60) -> CutLayo
         raise ValueError(f"collapse must be one of {COLLAPSE_MODES}, got {collapse!r}")
     if not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
-    graph = _after_graph(res)
+    graph = res.after_graph
     original_regions = _region_names(res.graph)
     placements = res.placements if res.plan is not None else {}
     new_region_units = [
@@ -390,8 +357,7 @@ def _build_layout(
     def add_unit(row: CutRow, unit: Unit) -> None:
         row.units.append(unit.index)
         row_of_unit[unit.index] = row.key
-        bsyms = graph.unit_bsyms
-        row.ops += len(bsyms[unit.index].subsymbols) if (unit.kind == "region" and bsyms is not None) else 1
+        row.ops += len(unit.nodes) if unit.kind == "region" else 1
         if unit.name in placements and unit.kind == "region":
             row.recomputes.extend(placements[unit.name])
             row.recompute_regions.append(unit.name)

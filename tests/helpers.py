@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from remat.graph import FusionGraph, TensorInfo, Unit, split_phases
+from remat.core.ir import FusionGraph, TensorInfo, Unit, split_phases
 
 
 def unit_graph(steps, sizes, *, params=(), inputs=(), forward_outputs=(), gradients=(), views=None):

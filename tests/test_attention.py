@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import remat
-from remat import attention
-from remat.execute import thunder_context
+from remat.thunder import attention
+from remat.thunder.execute import thunder_context
 
 from thunder.core import devices, dtypes
 from thunder.core.proxies import TensorProxy
@@ -66,7 +66,7 @@ def test_cudnn_executor_declines_without_a_hopper_gpu():
 
 
 def test_jit_puts_the_cudnn_executor_first_unless_told_not_to():
-    from remat.executor import default_executors
+    from remat.thunder.executor import default_executors
 
     ex = remat.executor()
     names = [e.name for e in default_executors(ex)]

@@ -8,11 +8,11 @@ import torch
 
 import remat
 from conftest import tiny_litgpt
-from remat.budget import PRICED_POLICY, choose, plan_memory, resolve_budget
-from remat.execute import example_inputs, execute_joint
-from remat.problem import plain_fusion_graph
-from remat.reference import milp_min_peak
-from remat.rewrite import apply_plan
+from remat.planning.budget import PRICED_POLICY, choose, plan_memory
+from remat.thunder.execute import example_inputs, execute_joint
+from remat.core.plain import plain_graph
+from remat.planning.reference import milp_min_peak
+from remat.thunder.rewrite import apply_plan
 from remat.testing.random_graphs import layered_training_graph
 
 
@@ -29,7 +29,7 @@ def same_profile(a, b):
 
 
 def test_plan_memory_is_the_memory_of_the_rewritten_trace(fused_llama):
-    graph = remat.FusionGraph.from_trace(fused_llama)
+    graph = remat.read_trace(fused_llama)
     frontier = remat.pareto(graph)
     assert frontier
     for point in frontier:
@@ -55,7 +55,7 @@ def test_frontier_of_a_full_width_model_recomputes_matmuls_to_go_lower():
     config = Config.from_name("Llama-2-7b-hf", n_layer=2, block_size=4096, vocab_size=512, padded_vocab_size=512)
     with torch.device("meta"):
         model = GPT(config).to(torch.bfloat16)
-    graph = remat.FusionGraph.from_trace(remat.fuse(remat.training_trace(model, torch.zeros(1, 4096, dtype=torch.long, device="meta"))))
+    graph = remat.read_trace(remat.fuse(remat.training_trace(model, torch.zeros(1, 4096, dtype=torch.long, device="meta"))))
     frontier = remat.pareto(graph)
     assert len(frontier) >= 2 and frontier[-1].peak_bytes < 0.95 * frontier[0].peak_bytes
     nodes = graph.ops
@@ -89,20 +89,40 @@ def test_fractional_budget_and_unreachable_budget(fused_llama):
         remat.optimize(fused_llama, memory_budget=1024, strict=True)
 
 
-def test_budget_validation():
-    assert resolve_budget(0.5, 1000) == 500 and resolve_budget(2048, 1) == 2048 and resolve_budget(3.5, 10) == 3
-    for bad in (0, -1, -0.5, float("nan"), float("inf")):
+def test_memory_budget_tells_fractions_from_bytes():
+    parse = remat.MemoryBudget.parse
+    assert parse(0.5).resolve(1000) == 500 and parse(1.0).resolve(1000) == 1000
+    assert parse(2048).resolve(1) == 2048 and parse(2048).fraction is None
+    assert parse("70%").fraction == 0.7 and parse("0.25").fraction == 0.25
+    assert parse("600MiB").bytes == 600 * 2**20 and parse("1.5 GiB").bytes == 3 * 2**29
+    assert parse("2GB").bytes == 2 * 10**9 and parse("4096").bytes == 4096 and parse("1B").bytes == 1
+    assert parse(None) is None
+    budget = parse(0.5)
+    assert parse(budget) is budget
+    assert str(parse(0.7)) == "70%" and str(parse("600MiB")) == "600 MiB"
+    for bad in (0, -1, -0.5, float("nan"), float("inf"), "0", "-3MiB"):
         with pytest.raises(ValueError, match="positive"):
-            resolve_budget(bad, 100)
-    for bad in ("1GiB", None, True):
+            parse(bad)
+    for bad in (1.5, 3.5, "2.5"):  # once read as bytes: now neither a fraction nor a byte count
+        with pytest.raises(ValueError, match="neither a fraction in \\(0, 1\\] nor a byte count"):
+            parse(bad)
+    for bad in (1, "1"):
+        with pytest.raises(ValueError, match="ambiguous"):
+            parse(bad)
+    for bad in ("lots", "12 parsecs", "150%"):
+        with pytest.raises(ValueError, match="memory_budget"):
+            parse(bad)
+    for bad in (True, [1], {"bytes": 1}):
         with pytest.raises(TypeError, match="memory_budget"):
-            resolve_budget(bad, 100)
+            parse(bad)
+    with pytest.raises(ValueError, match="either bytes or a fraction"):
+        remat.MemoryBudget(bytes=1, fraction=0.5)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_monotone_on_random_graphs(seed):
     graph = layered_training_graph(seed, layers=3, width=3)
-    fusion_graph, _ = plain_fusion_graph(graph)
+    fusion_graph, _ = plain_graph(graph)
     frontier = remat.pareto(fusion_graph)
     top = frontier[0].peak_bytes
     previous = None
@@ -116,7 +136,7 @@ def test_monotone_on_random_graphs(seed):
 def test_solve_with_a_budget_on_a_plain_graph():
     graph = layered_training_graph(3, layers=4, width=4)
     default = remat.solve(graph)
-    fusion_graph, node_ids = plain_fusion_graph(graph)
+    fusion_graph, node_ids = plain_graph(graph)
     frontier = remat.pareto(fusion_graph)
     plan = remat.solve(graph, memory_budget=frontier[-1].peak_bytes)
     assert set(plan.recomputed_ops) <= set(graph.nodes)
@@ -130,13 +150,13 @@ def test_frontier_points_are_close_to_the_milp_optimum(seed):
     peak at the same recompute FLOPs (here: equal on most graphs), and the MILP prices remat's own plan
     exactly as the memory model does."""
     graph = layered_training_graph(seed, layers=3, width=4)
-    fusion_graph, _ = plain_fusion_graph(graph)
+    fusion_graph, _ = plain_graph(graph)
     within = 0
     frontier = remat.pareto(fusion_graph)
     for point in frontier:
-        evaluated = milp_min_peak(graph, point.extra_flops, policy=PRICED_POLICY, fix_plan=point.plan)
+        evaluated = milp_min_peak(graph, point.extra_flops, recompute=PRICED_POLICY, fix_plan=point.plan)
         assert abs(evaluated.peak_bytes - point.peak_bytes) < 1
-        best = milp_min_peak(graph, point.extra_flops, policy=PRICED_POLICY)
+        best = milp_min_peak(graph, point.extra_flops, recompute=PRICED_POLICY)
         assert best.optimal and best.peak_bytes <= point.peak_bytes + 1
         within += point.peak_bytes <= 1.05 * best.peak_bytes
     assert within >= len(frontier) - 1
@@ -155,7 +175,7 @@ def test_dropout_gradients_are_identical_with_and_without_remat_at_every_budget(
     torch.manual_seed(7)
     expected = execute_joint(fused, inputs, seed=1)
     frontier = remat.pareto(fused)
-    graph = remat.FusionGraph.from_trace(fused)
+    graph = remat.read_trace(fused)
     for point in frontier:
         for op in point.plan.recomputed_ops:
             assert "rng" not in graph.ops[op].tags

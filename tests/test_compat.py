@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from remat import _compat
+from remat.thunder import _compat
 
 
 def test_named_tensor_stubs_exist_with_thunder_visible_names():

@@ -1,4 +1,4 @@
-"""remat.solve / remat.optimize: hand-solved cuts, the gelu-before-matmul case, backends, numerics."""
+"""remat.solve / remat.optimize: hand-solved cuts, the gelu-before-matmul case, solvers, numerics."""
 
 import warnings
 
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 import remat
 from conftest import tiny_litgpt
-from remat.execute import execute_joint, example_inputs
-from remat.problem import build_problem
-from remat.solver import min_cut
+from remat.thunder.execute import execute_joint, example_inputs
+from remat.planning.problem import build_problem
+from remat.planning.flow import min_cut
 
 
 def plain(nodes, edges):
@@ -50,9 +50,9 @@ def mlp_graph(a_recompute=None):
     return plain(nodes, edges)
 
 
-@pytest.mark.parametrize("backend", ["scipy", "networkx"])
-def test_hand_solved_mlp(backend):
-    plan = remat.solve(mlp_graph(), backend=backend)
+@pytest.mark.parametrize("solver", ["dinic", "preflow_push"])
+def test_hand_solved_mlp(solver):
+    plan = remat.solve(mlp_graph(), solver=solver)
     # a is recomputed from the input for free; the matmul output m must be kept; gelu is recomputed.
     assert plan.saved == ("m",)
     assert plan.saved_bytes == 300
@@ -61,9 +61,9 @@ def test_hand_solved_mlp(backend):
     assert plan.extra_flops == 700
 
 
-@pytest.mark.parametrize("backend", ["scipy", "networkx"])
-def test_hand_solved_mlp_when_a_may_not_be_recomputed(backend):
-    plan = remat.solve(mlp_graph(a_recompute="never"), backend=backend)
+@pytest.mark.parametrize("solver", ["dinic", "preflow_push"])
+def test_hand_solved_mlp_when_a_may_not_be_recomputed(solver):
+    plan = remat.solve(mlp_graph(a_recompute="never"), solver=solver)
     assert set(plan.saved) == {"a", "m"} and plan.saved_bytes == 700
     assert plan.recomputed_ops == ("g",)
 
@@ -81,7 +81,7 @@ def test_two_small_reads_versus_one_large_producer(r_bytes, s_bytes, saved):
         "b2": bwd(),
     }
     g = plain(nodes, [("p", "q"), ("q", "r"), ("q", "s"), ("r", "b1"), ("s", "b2")])
-    plans = [remat.solve(g, backend=b) for b in ("scipy", "networkx")]
+    plans = [remat.solve(g, solver=b) for b in ("dinic", "preflow_push")]
     for plan in plans:
         assert set(plan.saved) == saved
     assert plans[0].saved_bytes == plans[1].saved_bytes == min(r_bytes + s_bytes, 100)
@@ -117,7 +117,7 @@ def test_gelu_is_recomputed_in_a_new_region_before_the_backward_matmul():
     assert reader.sym.name == "reshape" and consumer.sym.name == "matmul"
 
     # Thunder's own pass cannot place gelu there and keeps more.
-    from remat.execute import thunder_context
+    from remat.thunder.execute import thunder_context
     from thunder.core.rematerialization import rematerialize
 
     with thunder_context():
@@ -139,14 +139,14 @@ def fused_pythia():
     return remat.fuse(remat.training_trace(model, idx))
 
 
-def test_backends_agree_on_a_litgpt_graph(fused_pythia):
-    graph = remat.FusionGraph.from_trace(fused_pythia)
-    problem = build_problem(graph.nx)
-    cuts = {b: min_cut(problem, b) for b in ("scipy", "networkx")}
-    assert cuts["scipy"].scale == 1
-    assert cuts["scipy"].flow_value == cuts["networkx"].flow_value
-    assert (cuts["scipy"].sink_side == cuts["networkx"].sink_side).all()
-    plans = [remat.solve(graph.nx, backend=b) for b in ("scipy", "networkx")]
+def test_solvers_agree_on_a_litgpt_graph(fused_pythia):
+    graph = remat.read_trace(fused_pythia)
+    problem = build_problem(graph)
+    cuts = {b: min_cut(problem, b) for b in ("dinic", "preflow_push")}
+    assert cuts["dinic"].scale == 1
+    assert cuts["dinic"].flow_value == cuts["preflow_push"].flow_value
+    assert (cuts["dinic"].sink_side == cuts["preflow_push"].sink_side).all()
+    plans = [remat.solve(graph.nx, solver=b) for b in ("dinic", "preflow_push")]
     assert plans[0].saved == plans[1].saved and plans[0].saved_bytes == plans[1].saved_bytes
 
 
@@ -215,16 +215,16 @@ def test_plain_graph_errors():
         remat.solve({"a": 1})
 
 
-@pytest.mark.parametrize("backend", ["scipy", "networkx"])
-def test_no_finite_cut_is_reported(backend):
+@pytest.mark.parametrize("solver", ["dinic", "preflow_push"])
+def test_no_finite_cut_is_reported(solver):
     g = plain({"a": fwd(3, recompute="never", savable=False), "b": bwd()}, [("a", "b")])
     with pytest.raises(remat.InfeasibleError, match="no finite cut"):
-        remat.solve(g, backend=backend)
+        remat.solve(g, solver=solver)
 
 
-def test_unknown_backend():
-    with pytest.raises(ValueError, match="unknown solver backend"):
-        remat.solve(mlp_graph(), backend="cplex")
+def test_unknown_solver():
+    with pytest.raises(ValueError, match="unknown solver"):
+        remat.solve(mlp_graph(), solver="cplex")
 
 
 def test_optimize_rejects_bad_traces(pythia_trace):

@@ -24,7 +24,7 @@ def test_inference_call_is_fused_without_planning():
 def test_executor_for_thunder_jit():
     import thunder
 
-    ex = remat.executor(backend="torch")
+    ex = remat.executor(runtime="torch")
     model = tiny_litgpt()
     jitted = thunder.jit(model, executors=[ex])
     loss = jitted(torch.randint(0, 128, (1, 8))).sum()
@@ -35,13 +35,13 @@ def test_executor_for_thunder_jit():
 
 def test_linear_auto_keeps_the_lower_peak():
     model = tiny_litgpt(n_layer=2)
-    jitted = remat.jit(model, policy=remat.NvFuserPolicy(linear="auto", matmul="auto"), backend="torch")
+    jitted = remat.jit(model, fusion=remat.FusionPolicy(linear="auto", matmul="auto"), runtime="torch")
     train_step(jitted, torch.randint(0, 128, (1, 16)))
     chosen = remat.executor_of(jitted).last_result
     peaks = {}
     joint = remat.training_trace(model, torch.randint(0, 128, (1, 16)))
     for linear, matmul in ((False, False), (True, False), (True, True)):
-        res = remat.optimize(remat.fuse(joint, remat.NvFuserPolicy(linear=linear, matmul=matmul)))
+        res = remat.optimize(remat.fuse(joint, remat.FusionPolicy(linear=linear, matmul=matmul)))
         peaks[(linear, matmul)] = res.after.peak_bytes
     assert chosen.after.peak_bytes == min(peaks.values())
 
@@ -51,21 +51,21 @@ def test_bad_arguments():
         remat.jit(42)
     with pytest.raises(ValueError, match="memory_budget"):
         remat.executor(memory_budget=-1)
-    with pytest.raises(ValueError, match="unknown region backend"):
-        remat.executor(backend="tpu")
-    with pytest.raises(TypeError, match="NvFuserPolicy"):
-        remat.executor(policy="fast")
+    with pytest.raises(ValueError, match="unknown runtime"):
+        remat.executor(runtime="tpu")
+    with pytest.raises(TypeError, match="FusionPolicy"):
+        remat.executor(fusion="fast")
     with pytest.raises(ValueError, match="linear"):
-        remat.NvFuserPolicy(linear="sometimes")
+        remat.FusionPolicy(linear="sometimes")
     with pytest.raises(TypeError, match="transposed_cat"):
-        remat.NvFuserPolicy(transposed_cat="yes")
+        remat.FusionPolicy(transposed_cat="yes")
     with pytest.raises(TypeError, match="executors"):
         remat.jit(tiny_litgpt(), executors=[])
     with pytest.raises(TypeError, match="remat.jit"):
         remat.executor_of(lambda x: x)
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
-            remat.executor(backend="nvfuser")
+            remat.executor(runtime="nvfuser")
 
 
 # Fallbacks (a failing plan, fusing, symbolic shapes, unknown and in-place ops): tests/test_fallbacks.py.

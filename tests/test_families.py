@@ -79,7 +79,7 @@ def remat_warnings(caught):
 def test_training_step_matches_eager(family):
     model, reference = model_pair(family)
     idx = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    jitted = remat.jit(model, backend="torch")
+    jitted = remat.jit(model, runtime="torch")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):  # the second step reuses the compiled one
@@ -104,7 +104,7 @@ def test_kv_cache_inference_matches_eager(family):
     for m in (model, reference):
         m.eval()
         m.set_kv_cache(batch_size=2, max_seq_length=16, dtype=torch.float64)
-    jitted = remat.jit(model, backend="torch")
+    jitted = remat.jit(model, runtime="torch")
     prompt = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(2))
     with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
         warnings.simplefilter("always")

@@ -6,9 +6,9 @@ import torch
 
 import remat
 from conftest import tiny_litgpt, train_step
-from remat.fuse import _SHAPE_OPS as SHAPE_OPS
-from remat.fuse import simplify
-from remat.graph import op_kind
+from remat.core.ops import SHAPE_ONLY_KINDS as SHAPE_OPS
+from remat.thunder.fuse import simplify
+from remat.thunder.read import op_kind
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_qkv_gradient_cat_runs_outside_regions_by_default(joint):
 
 def test_transposed_cat_policy_keeps_it_in_the_region(joint):
     outside_default, inside_default = cats(remat.fuse(joint))
-    outside, inside = cats(remat.fuse(joint, remat.NvFuserPolicy(transposed_cat=True)))
+    outside, inside = cats(remat.fuse(joint, remat.FusionPolicy(transposed_cat=True)))
     assert outside == []
     assert len(inside) == len(inside_default) + len(outside_default)
 
@@ -51,7 +51,7 @@ def test_default_policy_trains_like_eager():
     model = tiny_litgpt("pythia-14m", n_layer=2)
     idx = torch.randint(0, 128, (1, 64))
 
-    jitted = remat.jit(model, backend="torch")
+    jitted = remat.jit(model, runtime="torch")
     loss, grads = train_step(jitted, idx)
     trace = remat.executor_of(jitted).last_result.trace
     assert any(op_kind(b) == "cat" for b in trace.bound_symbols)  # the stand-alone cat ran
@@ -83,7 +83,7 @@ def test_regions_are_connected_by_default(joint):
     regions = [b for b in remat.fuse(joint).bound_symbols if b.sym.is_fusion]
     assert regions and all(connected_parts(r) == 1 for r in regions)
     # with independent_parts, a bias gradient shares the layer-norm backward's region, as in Thunder
-    joined = [b for b in remat.fuse(joint, remat.NvFuserPolicy(independent_parts=True)).bound_symbols if b.sym.is_fusion]
+    joined = [b for b in remat.fuse(joint, remat.FusionPolicy(independent_parts=True)).bound_symbols if b.sym.is_fusion]
     assert any(connected_parts(r) > 1 for r in joined)
     assert len(joined) < len(regions)
     # the same ops are fused either way
@@ -92,7 +92,7 @@ def test_regions_are_connected_by_default(joint):
 
 def test_independent_parts_is_type_checked():
     with pytest.raises(TypeError):
-        remat.NvFuserPolicy(independent_parts="yes")
+        remat.FusionPolicy(independent_parts="yes")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def casts(trace):
 
 
 def test_simplify_drops_casts_that_undo_a_widening_and_keeps_rounding(bf16_joint):
-    from remat.execute import example_inputs, execute_joint
+    from remat.thunder.execute import example_inputs, execute_joint
 
     undoing, rounding = casts(bf16_joint)
     assert undoing > 0 and rounding > 0  # the bf16 LitGPT backward has both
@@ -144,7 +144,7 @@ def test_bf16_training_step_matches_eager():
     model = tiny_litgpt("stablecode-completion-alpha-3b", n_layer=2).to(torch.bfloat16)
     idx = torch.randint(0, 128, (1, 32))
 
-    loss, grads = train_step(remat.jit(model, backend="torch"), idx)
+    loss, grads = train_step(remat.jit(model, runtime="torch"), idx)
     eager_loss, eager_grads = train_step(model, idx)
     torch.testing.assert_close(loss, eager_loss, rtol=2e-2, atol=1e-3)
     for g, e in zip((g.float() for g in grads), (e.float() for e in eager_grads)):

@@ -10,12 +10,12 @@ import remat
 
 @pytest.fixture(scope="module")
 def graph(pythia_trace):
-    return remat.FusionGraph.from_trace(pythia_trace)
+    return remat.read_trace(pythia_trace)
 
 
 @pytest.fixture(scope="module")
 def fused_graph(pythia_trace):
-    return remat.FusionGraph.from_trace(remat.fuse(pythia_trace))
+    return remat.read_trace(remat.fuse(pythia_trace))
 
 
 def test_edges_carry_real_tensor_sizes(graph):
@@ -100,4 +100,4 @@ def test_symbolic_shapes_are_rejected_with_a_clear_error():
     jitted(torch.randn(4, 3))
     trace = thunder.last_traces(jitted)[0]
     with pytest.raises(remat.UnsupportedTraceError, match="symbolic shape"):
-        remat.FusionGraph.from_trace(trace)
+        remat.read_trace(trace)

@@ -4,7 +4,7 @@ import pytest
 
 import remat
 from helpers import unit_graph
-from remat.memory import profile_graph
+from remat.core.memory import profile_graph
 
 
 def live(profile):
@@ -114,9 +114,9 @@ def test_a_view_aliases_its_base():
 
 
 def test_saved_set_matches_thunders_own_split(pythia_trace):
-    from remat.execute import split_joint
+    from remat.thunder.execute import split_joint
 
-    graph = remat.FusionGraph.from_trace(pythia_trace)
+    graph = remat.read_trace(pythia_trace)
     profile = remat.estimate_memory(graph)
     forward, _ = split_joint(pythia_trace)
     saved_tensors = forward.bound_symbols[-1].args[1][0]
@@ -132,7 +132,7 @@ def test_saved_set_matches_thunders_own_split(pythia_trace):
 
 def test_peak_is_at_least_saved_and_timeline_covers_every_unit(pythia_trace):
     profile = remat.estimate_memory(pythia_trace)
-    graph = remat.FusionGraph.from_trace(pythia_trace)
+    graph = remat.read_trace(pythia_trace)
     assert len(profile.timeline) == len(graph.units)
     assert profile.peak_bytes >= profile.saved_bytes > 0
     assert profile.peak_bytes == max(p.live_bytes for p in profile.timeline)

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 import fake_nvfuser
 import remat
 from conftest import tiny_litgpt
-from remat.execute import dtypes
+import remat.thunder  # noqa: F401  (Thunder, with remat's compat bridge)
+from thunder.core import dtypes
+from thunder.core.proxies import TensorProxy
 from remat.nvfuser import EmitError, NvFuserRegionCallable, build, definition_source, supported_kinds, tensor_descriptor
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -41,7 +43,7 @@ def random_inputs(region, seed=0):
     generator = torch.Generator().manual_seed(seed)
     values = []
     for proxy in region.args:
-        if isinstance(proxy, remat.graph.TensorProxy):
+        if isinstance(proxy, TensorProxy):
             dtype = dtypes.to_torch_dtype(proxy.dtype)
             shape = tuple(proxy.shape)
             if dtype.is_floating_point:
@@ -57,12 +59,12 @@ def random_inputs(region, seed=0):
 
 def test_source_structure_on_every_region(family_traces):
     for name, joint in family_traces.items():
-        for policy in (remat.NvFuserPolicy(), remat.NvFuserPolicy(linear=True, matmul=True)):
-            res = remat.optimize(remat.fuse(joint, policy), strict=True)
+        for fusion in (remat.FusionPolicy(), remat.FusionPolicy(linear=True, matmul=True)):
+            res = remat.optimize(remat.fuse(joint, fusion), strict=True)
             for region in regions_of(res.trace):
                 source = definition_source(region)
                 compile(source, region.sym.name, "exec")  # valid Python
-                tensor_inputs = [p for p in region.args if isinstance(p, remat.graph.TensorProxy)]
+                tensor_inputs = [p for p in region.args if isinstance(p, TensorProxy)]
                 assert source.count("fd.define_tensor(") == len(tensor_inputs)
                 assert source.count("fd.add_output(") == len(region.output)
                 assert f"def {region.sym.name}(fd: FusionDefinition)" in source
@@ -70,7 +72,7 @@ def test_source_structure_on_every_region(family_traces):
 
 
 def test_every_prim_remat_fuses_can_be_written():
-    from remat.ops import NVFUSER_FUSIBLE_PRIMS
+    from remat.core.ops import NVFUSER_FUSIBLE_PRIMS
 
     missing = NVFUSER_FUSIBLE_PRIMS - supported_kinds() - {"shape"}
     # ``shape`` returns sizes (numbers), which nvFuser cannot output; Thunder declines it as well.
@@ -96,8 +98,8 @@ def test_emitted_definitions_compute_what_the_torch_reference_computes(family_tr
     fake_nvfuser.install(monkeypatch)
     checked = 0
     for name, joint in family_traces.items():
-        for policy in (remat.NvFuserPolicy(), remat.NvFuserPolicy(linear=True, matmul=True)):
-            res = remat.optimize(remat.fuse(joint, policy), strict=True)
+        for fusion in (remat.FusionPolicy(), remat.FusionPolicy(linear=True, matmul=True)):
+            res = remat.optimize(remat.fuse(joint, fusion), strict=True)
             for region in regions_of(res.trace):
                 inputs = random_inputs(region)
                 expected = region._call_ctx[region.sym.name](*inputs)
@@ -142,7 +144,7 @@ def test_bad_input():
 
 
 def test_unsupported_op_is_an_emit_error(family_traces):
-    from remat.regions import default_region_executor, make_region
+    from remat.thunder.regions import default_region_executor, make_region
 
     joint = family_traces["pythia-14m"]
     sdpa = next(b for b in joint.bound_symbols if b.sym.name == "remat_sdpa_fwd")

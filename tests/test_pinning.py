@@ -23,7 +23,7 @@ import torch
 
 import remat
 from conftest import tiny_litgpt
-from remat.execute import split_joint, thunder_context
+from remat.thunder.execute import split_joint, thunder_context
 
 MODELS = {
     # tiny_litgpt defaults: 1 layer, n_embd 64, 4 heads, vocab 128; batch 1, sequence 32, float32
@@ -38,7 +38,7 @@ EXPECTED = {
         "new recompute regions": 6,
         "recomputed forward ops": 88,
         "regions after Thunder's split (forward, backward)": (5, 15),
-        "regions formed by remat.fuse": 14,  # bias gradients apart from the layer-norm backward (NvFuserPolicy.independent_parts)
+        "regions formed by remat.fuse": 14,  # bias gradients apart from the layer-norm backward (FusionPolicy.independent_parts)
         "regions that recompute": 11,
         "saved by remat": [
             "linear/linear f32[1, 32, 192]",
@@ -81,7 +81,7 @@ EXPECTED = {
             "remat_sdpa_fwd/remat_sdpa_fwd f32[1, 4, 32]",
             "reshape/reshape f32[1, 32, 64]",
         ],
-        "stand-alone ops after remat.fuse": 43,  # the qkv-gradient cat of each layer runs as torch.cat (NvFuserPolicy.transposed_cat)
+        "stand-alone ops after remat.fuse": 43,  # the qkv-gradient cat of each layer runs as torch.cat (FusionPolicy.transposed_cat)
     },
     "Llama-2-7b-hf": {
         "estimated peak: unplanned / Thunder's rematerialize / remat": (279552, 263168, 238720),

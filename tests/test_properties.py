@@ -11,12 +11,13 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import remat
-from remat.problem import build_problem
-from remat.solver import min_cut
+from remat.core.plain import plain_graph
+from remat.planning.flow import min_cut
+from remat.planning.problem import build_problem
 from remat.testing.oracles import available_values, brute_force_min_saved_bytes, check_plan, graph_source, read_graph
 from remat.testing.strategies import GRAPH_DEFECTS, bad_graphs, training_graphs
 
-BACKENDS = ("scipy", "networkx")
+SOLVERS = ("dinic", "preflow_push")
 
 
 def solve_or_none(graph, **kwargs):
@@ -27,12 +28,12 @@ def solve_or_none(graph, **kwargs):
         return None
 
 
-@given(training_graphs(max_nodes=24, unsavable=True), st.sampled_from(BACKENDS))
-def test_plan_is_valid(graph, backend):
+@given(training_graphs(max_nodes=24, unsavable=True), st.sampled_from(SOLVERS))
+def test_plan_is_valid(graph, solver):
     """Every value the backward reads is saved or recomputable from saved values, parameters and
     inputs without recomputing a pinned op; the plan's other fields agree with its saved set."""
     note(graph_source(graph))
-    plan = solve_or_none(graph, backend=backend)
+    plan = solve_or_none(graph, solver=solver)
     if plan is None:
         # Infeasible must mean: some backward read cannot be had even when everything savable is saved.
         info = read_graph(graph)
@@ -56,37 +57,37 @@ def test_min_cut_equals_brute_force(graph):
 
 
 @given(training_graphs(max_nodes=30, unsavable=True))
-def test_scipy_and_networkx_agree(graph):
-    """Both backends give the same cut value and (the sink-closest cut being unique) the same cut,
+def test_dinic_and_preflow_push_agree(graph):
+    """Both solvers give the same cut value and (the sink-closest cut being unique) the same cut,
     hence the same plan; infeasible for both or neither."""
     note(graph_source(graph))
-    problem = build_problem(graph)
+    problem = build_problem(plain_graph(graph)[0])
     cuts = {}
-    for backend in BACKENDS:
+    for solver in SOLVERS:
         try:
-            cuts[backend] = min_cut(problem, backend)
+            cuts[solver] = min_cut(problem, solver)
         except remat.InfeasibleError:
-            cuts[backend] = None
-    if cuts["scipy"] is None or cuts["networkx"] is None:
-        assert cuts["scipy"] is cuts["networkx"] is None
+            cuts[solver] = None
+    if cuts["dinic"] is None or cuts["preflow_push"] is None:
+        assert cuts["dinic"] is cuts["preflow_push"] is None
         return
-    assert cuts["scipy"].scale == 1
-    assert cuts["scipy"].flow_value == cuts["networkx"].flow_value
-    assert (cuts["scipy"].sink_side == cuts["networkx"].sink_side).all()
-    plans = [remat.solve(graph, backend=b) for b in BACKENDS]
+    assert cuts["dinic"].scale == 1
+    assert cuts["dinic"].flow_value == cuts["preflow_push"].flow_value
+    assert (cuts["dinic"].sink_side == cuts["preflow_push"].sink_side).all()
+    plans = [remat.solve(graph, solver=b) for b in SOLVERS]
     assert plans[0].saved == plans[1].saved
     assert plans[0].recomputed_ops == plans[1].recomputed_ops
-    assert plans[0].saved_bytes == plans[1].saved_bytes == cuts["networkx"].flow_value
+    assert plans[0].saved_bytes == plans[1].saved_bytes == cuts["preflow_push"].flow_value
 
 
 @given(training_graphs(max_nodes=20, max_bytes=2**40))
-def test_scaled_scipy_cut_is_near_optimal(graph):
+def test_scaled_dinic_cut_is_near_optimal(graph):
     """Byte counts past scipy's 32-bit capacities are scaled down by ``scale`` (documented in
-    remat/solver.py), so the backends need not agree exactly.  The strongest true statement: scipy's
-    plan is valid and costs at most the exact optimum plus ``scale`` per value that optimum saves."""
+    remat/planning/flow/dinic.py), so the solvers need not agree exactly.  The strongest true statement:
+    Dinic's plan is valid and costs at most the exact optimum plus ``scale`` per value that optimum saves."""
     note(graph_source(graph))
-    exact = remat.solve(graph, backend="networkx")
-    scaled = remat.solve(graph, backend="scipy")
+    exact = remat.solve(graph, solver="preflow_push")
+    scaled = remat.solve(graph, solver="dinic")
     check_plan(graph, scaled)
     assert exact.saved_bytes <= scaled.saved_bytes <= exact.saved_bytes + scaled.scale * len(exact.saved)
 
@@ -117,13 +118,13 @@ def test_plan_does_not_depend_on_node_order(graph, random):
 @given(data=st.data())
 def test_bad_graphs_raise_graph_error(defect, data):
     """Cycles, missing or malformed attributes, multigraphs, empty graphs, non-graphs: GraphError with
-    a message naming the problem, from both backends."""
+    a message naming the problem, from both solvers."""
     graph, defect, message = data.draw(bad_graphs(defects=[defect]))
     if isinstance(graph, nx.DiGraph) and graph.number_of_nodes():
         note(graph_source(graph))
-    for backend in BACKENDS:
+    for solver in SOLVERS:
         with pytest.raises(remat.GraphError, match=message):
-            remat.solve(graph, backend=backend)
+            remat.solve(graph, solver=solver)
 
 
 

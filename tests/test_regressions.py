@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import remat
-from remat.execute import execute_joint, example_inputs
+from remat.thunder.execute import execute_joint, example_inputs
 from remat.testing.oracles import check_plan
 from remat.testing.programs import OpSpec, Program, TensorSpec
 
@@ -39,8 +39,8 @@ def test_fuse_accepts_dropout_on_cpu():
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["scipy", "networkx"])
-def test_recomputed_ops_are_in_forward_order_when_nodes_are_not(backend):
+@pytest.mark.parametrize("solver", ["dinic", "preflow_push"])
+def test_recomputed_ops_are_in_forward_order_when_nodes_are_not(solver):
     """Plan.recomputed_ops is documented to be in forward order; for a plain graph whose nodes were
     inserted out of topological order it followed the insertion order (f1 before f0, which feeds it)."""
     g = nx.DiGraph()
@@ -49,7 +49,7 @@ def test_recomputed_ops_are_in_forward_order_when_nodes_are_not(backend):
     g.add_node("b0", phase="backward", bytes=1)
     g.add_edge("f0", "f1")
     g.add_edge("f1", "b0")
-    plan = remat.solve(g, backend=backend)
+    plan = remat.solve(g, solver=solver)
     assert plan.saved == () and plan.recomputed_ops == ("f0", "f1")
     check_plan(g, plan)
 

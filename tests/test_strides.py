@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat
-from remat.strides import contiguous_strides, is_contiguous, reshape_strides, view_strides
+from remat.core.strides import contiguous_strides, is_contiguous, reshape_strides, view_strides
 
 
 @st.composite
@@ -93,7 +93,7 @@ def test_a_region_output_made_of_views_of_an_input_aliases_that_input():
     x = torch.randn(1, 8, 16, requires_grad=True)
     w = torch.randn(24, 16, requires_grad=True)
     fused = remat.fuse(remat.training_trace(_split_heads, x, w))
-    graph = remat.FusionGraph.from_trace(fused)
+    graph = remat.read_trace(fused)
     qkv = next(u.outputs[0] for u in graph.units if u.kind == "op" and u.name == "linear")
     region = next(u for u in graph.units if u.kind == "region" and qkv in u.inputs)
     views = [o for o in region.outputs if graph.tensors[o].alias_of == qkv]
@@ -112,7 +112,7 @@ def test_the_plan_saves_the_base_rather_than_pieces_that_keep_it_alive():
     w = torch.randn(24, 16, requires_grad=True)
     fused = remat.fuse(remat.training_trace(_split_heads, x, w))
     result = remat.optimize(fused)
-    graph = remat.FusionGraph.from_trace(fused)
+    graph = remat.read_trace(fused)
     qkv = next(u.outputs[0] for u in graph.units if u.kind == "op" and u.name == "linear")
     # q and k (fresh pieces) are recomputed from qkv, which v keeps alive anyway
     assert result.after.saved_bytes == graph.tensors[qkv].bytes

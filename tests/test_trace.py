@@ -19,7 +19,7 @@ class CountOps(TorchDispatchMode):
 
 
 def test_joint_trace_has_forward_and_backward(pythia_trace):
-    graph = remat.FusionGraph.from_trace(pythia_trace)
+    graph = remat.read_trace(pythia_trace)
     phases = {u.phase for u in graph.units}
     assert graph.is_joint and phases == {"forward", "backward"}
     # cotangent reads start the backward; matmul outputs appear in both parts
@@ -49,7 +49,7 @@ def test_full_width_llama_traces_on_meta_without_math():
         trace = remat.training_trace(model, idx)
     # Only allocations of empty meta tensors (Thunder's attention-backend probe) may be seen: no math.
     assert all(op.startswith(("aten.empty", "aten.empty_strided")) for op in counter.ops), counter.ops
-    graph = remat.FusionGraph.from_trace(trace)
+    graph = remat.read_trace(trace)
     qkv = [graph.nx.nodes[n] for n in graph.nx if graph.nx.nodes[n]["kind"] == "linear"][0]
     out = graph.tensors[qkv["outputs"][0]]
     # Llama-2-7b: n_embd 4096, 32 heads; the fused qkv projection is 3 x 4096 wide, bf16.
@@ -64,7 +64,7 @@ def test_function_with_requires_grad_input():
     x = torch.randn(4, 8)
     w = torch.randn(8, 3, requires_grad=True)
     trace = remat.training_trace(fn, x, w)
-    graph = remat.FusionGraph.from_trace(trace)
+    graph = remat.read_trace(trace)
     assert graph.is_joint
     assert graph.tensors["w"].kind == "param" and graph.tensors["x"].kind == "input"
 

@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
 from hypothesis import strategies as st
 
 import remat
-from remat.execute import example_inputs, execute_joint, split_joint, thunder_context
-from remat.graph import FusionGraph
-from remat.problem import build_problem
-from remat.solver import min_cut
+from remat.thunder.execute import example_inputs, execute_joint, split_joint, thunder_context
+from remat.planning.flow import min_cut
+from remat.planning.problem import build_problem
 from remat.testing.oracles import check_trace_well_formed
 from remat.testing.programs import OPS, Program
 from remat.testing.strategies import programs
+from remat.thunder.read import read_trace
 
 # ci: 100 programs per property; nightly: 500 (each test traces its own programs there).
 TRACE_EXAMPLES = min(settings().max_examples, 500)
@@ -100,7 +100,7 @@ def test_plan_is_valid_on_traces(program):
         assert not ops[node].tags & {"matmul", "attention", "reduction", "rng"}, ops[node]
         assert ops[node].phase == "forward"
 
-    rewritten = FusionGraph.from_trace(res.trace, ops=False)
+    rewritten = read_trace(res.trace, ops=False)
 
     def base(name):
         info = rewritten.tensors.get(name)
@@ -145,14 +145,15 @@ def test_saved_bytes_at_most_thunders_rematerialize(program):
 @shared_examples
 @trace_settings
 @given(PROGRAMS)
-def test_backends_agree_on_traces(program):
-    """scipy and networkx find the same cut value and the same cut on the trace's flow problem."""
+def test_solvers_agree_on_traces(program):
+    """Dinic (scipy) and preflow-push (networkx) find the same cut value and the same cut on the trace's
+    flow problem."""
     p = run(program)
     problem = build_problem(p.result.graph)
-    scipy_cut, networkx_cut = min_cut(problem, "scipy"), min_cut(problem, "networkx")
-    assert scipy_cut.scale == 1
-    assert scipy_cut.flow_value == networkx_cut.flow_value == p.result.plan.saved_bytes
-    assert (scipy_cut.sink_side == networkx_cut.sink_side).all()
+    dinic, preflow_push = min_cut(problem, "dinic"), min_cut(problem, "preflow_push")
+    assert dinic.scale == 1
+    assert dinic.flow_value == preflow_push.flow_value == p.result.plan.saved_bytes
+    assert (dinic.sink_side == preflow_push.sink_side).all()
 
 
 @shared_examples
@@ -185,7 +186,7 @@ def test_any_safe_policy_keeps_numerics(program, policy):
     RNG, documented unsafe), the optimized trace is well formed and computes the same outputs and
     gradients bit for bit, and re-optimizing it recomputes nothing more."""
     p = run(program)
-    res = remat.optimize(p.fused, policy=policy, strict=True)
+    res = remat.optimize(p.fused, recompute=policy, strict=True)
     check_trace_well_formed(res.trace)
     inputs = example_inputs(p.fused, dtype=torch.float64)
     expected, got = execute(p.fused, inputs), execute(res.trace, inputs)
@@ -194,7 +195,7 @@ def test_any_safe_policy_keeps_numerics(program, policy):
             assert b is None
             continue
         torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
-    assert not remat.optimize(res.trace, policy=policy, strict=True).plan.recomputed_ops
+    assert not remat.optimize(res.trace, recompute=policy, strict=True).plan.recomputed_ops
 
 
 NO_RANDOM_OR_CAST = [op for op in OPS if op not in ("dropout", "cast")]

@@ -185,7 +185,7 @@ def check_plan(graph: nx.DiGraph, plan, policy=None) -> None:
     parameters and inputs without recomputing a pinned op; ``recomputed_values`` are exactly the read
     values not saved, ``recomputed_ops`` exactly the producers the backward must run again (in a
     topological order), and ``saved_bytes``/``extra_flops`` add up."""
-    info = read_graph(graph, policy if policy is not None else plan.policy)
+    info = read_graph(graph, policy if policy is not None else plan.recompute)
     saved = set(plan.saved)
     assert len(saved) == len(plan.saved), f"a value is saved twice: {plan.saved}"
     assert saved <= set(info.values), f"saved values that are not forward values: {saved - set(info.values)}"

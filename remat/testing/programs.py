@@ -40,6 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import remat
+
 __all__ = ["TensorSpec", "OpSpec", "Program", "OPS", "UNARY_OPS", "BINARY_OPS", "apply_op", "op_expression"]
 
 #: Unary ops: name -> Python expression template (``{a}`` is the operand).
@@ -190,6 +192,4 @@ class Program:
 
     def training_trace(self):
         """The joint forward+backward Thunder trace of the program (:func:`remat.training_trace`)."""
-        import remat
-
         return remat.training_trace(self.function(), *self.example_args())

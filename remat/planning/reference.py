@@ -9,7 +9,7 @@ directly comparable:
   ``c`` reads is saved or recomputed there, and a recomputed op's forward inputs are saved or recomputed
   there too; pinned ops (by the recompute policy) are never recomputed;
 * a forward op that neither the forward nor the saved set needs is not run (``r[v]``, it is dropped);
-* memory, step by step as in :mod:`remat.memory`: forward values live from their op to their last reader
+* memory, step by step as in :mod:`remat.core.memory`: forward values live from their op to their last reader
   (for saved values: the last backward reader, or recompute region, that reads them); a recompute region
   allocates fresh copies of what its backward op reads, alive through that op; backward values live as
   their readers say; gradients and forward outputs are held to the end;
@@ -31,8 +31,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_array
 
+from remat.core.plain import plain_graph
+from remat.core.policies import RecomputePolicy
 from remat.errors import GraphError
-from remat.problem import RecomputePolicy, plain_fusion_graph
 
 __all__ = ["MilpResult", "milp_min_peak"]
 
@@ -55,7 +56,7 @@ def milp_min_peak(
     graph: nx.DiGraph,
     flops_budget: float,
     *,
-    policy: RecomputePolicy | None = None,
+    recompute: RecomputePolicy | None = None,
     time_limit: float = 60.0,
     fix_plan=None,
 ) -> MilpResult:
@@ -63,8 +64,8 @@ def milp_min_peak(
     ``flops_budget`` FLOPs are recomputed (see the module docstring).  ``fix_plan`` (a
     :class:`remat.Plan` of this graph) pins the saved set to that plan's, to evaluate it in the same
     model."""
-    policy = policy or RecomputePolicy()
-    fg, node_ids = plain_fusion_graph(graph)
+    policy = recompute or RecomputePolicy()
+    fg, node_ids = plain_graph(graph)
     ops = fg.ops
     if any(len(op.outputs) != 1 for op in ops):
         raise GraphError("milp_min_peak needs nodes with exactly one output each")

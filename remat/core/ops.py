@@ -1,9 +1,12 @@
 """What remat knows about operations: which ones nvFuser fuses, which alias their input, which are
 expensive, random or reductions, and roughly how many FLOPs each costs.
 
-Everything here works on plain strings (an op's *kind*, see :func:`op_kind`) and shapes, so that the
-graph, memory and solver stages can be tested without Thunder.  :func:`op_kind` is the one place that
-maps a Thunder bound symbol to such a string.
+Everything here works on plain strings (an op's *kind*: a lower-case Thunder ``PrimIDs`` name such as
+``"mul"``, or a symbol id such as ``"torch.matmul"``) and shapes; nothing here imports Thunder.  The one
+place that maps a Thunder bound symbol to a kind is :func:`remat.thunder.read.op_kind`.
+
+This module is the op table: every other module asks it which kinds fuse, alias, mutate or cost what,
+rather than keeping a list of its own.
 
 FLOP figures are estimates (documented in docs/memory-model.md): elementwise ops count one FLOP per
 output element, reductions one per input element, matmul-like ops ``2*M*N*K``, attention ``4*B*H*T*S*D``
@@ -16,17 +19,63 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 
+__all__ = [
+    "NVFUSER_UNARY_PRIMS",
+    "NVFUSER_BINARY_PRIMS",
+    "NVFUSER_ELEMENTWISE_PRIMS",
+    "NVFUSER_REDUCTION_PRIMS",
+    "NVFUSER_SHAPE_PRIMS",
+    "NVFUSER_OTHER_PRIMS",
+    "NVFUSER_MATMUL_PRIMS",
+    "NVFUSER_FUSIBLE_PRIMS",
+    "VIEW_PRIMS",
+    "ALWAYS_VIEW_PRIMS",
+    "ALIASING_PRIMS",
+    "SHAPE_ONLY_KINDS",
+    "VIEW_KINDS",
+    "MATMUL_KINDS",
+    "ATTENTION_MARKERS",
+    "RNG_KINDS",
+    "STATELESS_RNG_KINDS",
+    "REDUCTION_KINDS",
+    "INPUT_KINDS",
+    "COTANGENT_KIND",
+    "RETURN_KIND",
+    "FUSION_KIND",
+    "BOOKKEEPING_KINDS",
+    "MUTATING_KINDS",
+    "IN_PLACE_KINDS",
+    "SIDE_EFFECT_KINDS",
+    "TAGS",
+    "NEVER_RECOMPUTE_TAGS",
+    "is_known_kind",
+    "is_attention",
+    "op_tags",
+    "numel",
+    "estimate_flops",
+]
+
+# ------------------------------------------------------------------------------------------ fusible prims
 # Prims that Thunder 0.2.6's nvFuser executor registers translators for (thunder/executors/nvfuserex_impl.py,
-# the ``register_supported`` calls), as lower-case PrimIDs names.  ``linear`` and ``matmul`` are listed
-# because nvFuser *can* take them; whether a region does is a fusion-policy decision (NvFuserPolicy).
-NVFUSER_ELEMENTWISE_PRIMS = frozenset(
+# the ``register_supported`` calls), as lower-case PrimIDs names.  The unary and binary ones are nvFuser
+# ops of the same name (``fd.ops.<name>``): remat's emitter (remat.thunder.nvfuser) writes them from these
+# sets.  ``linear`` and ``matmul`` are listed because nvFuser *can* take them; whether a region does is a
+# fusion-policy decision (remat.FusionPolicy).
+NVFUSER_UNARY_PRIMS = frozenset(
     """
     abs acos acosh asin asinh atan atanh bitwise_not ceil cos cosh erf erfc erfcinv erfinv exp exp2 expm1
     floor isfinite lgamma log log10 log1p log2 neg real imag reciprocal round rsqrt sign signbit sin sinh
-    sqrt tan tanh trunc clone shallow_copy add atan2 bitwise_and bitwise_or bitwise_xor div eq fmod ge gt
-    le lt mul ne nextafter pow remainder sub maximum minimum bitwise_left_shift bitwise_right_shift lerp
-    where convert_element_type
+    sqrt tan tanh trunc
     """.split()
+)
+NVFUSER_BINARY_PRIMS = frozenset(
+    """
+    add sub mul atan2 bitwise_and bitwise_or bitwise_xor eq ne ge gt le lt fmod pow remainder maximum minimum
+    nextafter bitwise_left_shift bitwise_right_shift
+    """.split()
+)
+NVFUSER_ELEMENTWISE_PRIMS = (
+    NVFUSER_UNARY_PRIMS | NVFUSER_BINARY_PRIMS | frozenset("clone shallow_copy div lerp where convert_element_type".split())
 )
 NVFUSER_REDUCTION_PRIMS = frozenset("amax amin prod sum var var_mean".split())
 NVFUSER_SHAPE_PRIMS = frozenset(
@@ -44,12 +93,24 @@ NVFUSER_FUSIBLE_PRIMS = (
     | NVFUSER_MATMUL_PRIMS
 )
 
+# -------------------------------------------------------------------------------------------------- views
+#: View prims: each returns a view of its first (tensor) input, with strides that
+#: :func:`remat.core.strides.view_strides` computes (a ``reshape`` only where strides can express it).
+VIEW_PRIMS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
+#: The view prims PyTorch always runs as views (a stand-alone ``reshape`` copies when no strides express it).
+ALWAYS_VIEW_PRIMS = VIEW_PRIMS - {"reshape"}
+#: Prims whose output may share its input's storage: the view prims and ``shallow_copy``.  Inside a region,
+#: nvFuser returns such an output computed from a region input or output as an alias of it.
+ALIASING_PRIMS = VIEW_PRIMS | {"shallow_copy"}
+#: Ops that run no computation of their own: regions made of nothing else are not worth launching
+#: (Thunder's ``SHAPE_OP`` tag, ``shallow_copy`` included).
+SHAPE_ONLY_KINDS = NVFUSER_SHAPE_PRIMS | {"shallow_copy"}
 # Ops whose output shares storage with their first input when run on their own (outside a fusion,
 # where every output is a fresh buffer).  Kinds of Thunder's torch executor appear with their
 # Python names (e.g. ``Tensor.expand``); prims with their PrimIDs name.
-VIEW_KINDS = frozenset(
+VIEW_KINDS = ALIASING_PRIMS | frozenset(
     """
-    reshape broadcast_in_dim squeeze transpose slice shallow_copy view
+    view
     torch.reshape torch.Tensor.reshape Tensor.reshape Tensor.view torch.Tensor.view Tensor.expand torch.Tensor.expand
     torch.unsqueeze Tensor.unsqueeze torch.squeeze Tensor.squeeze torch.permute Tensor.permute torch.transpose
     Tensor.transpose torch.flatten Tensor.flatten torch.split torch.chunk torch_slice_prim_impl
@@ -58,6 +119,7 @@ VIEW_KINDS = frozenset(
     """.split()
 )
 
+# ------------------------------------------------------------------------------------- cost classes
 MATMUL_KINDS = frozenset(
     """
     linear matmul _grouped_mm convolution torch.nn.functional.linear torch.matmul torch.bmm torch.mm
@@ -73,12 +135,16 @@ STATELESS_RNG_KINDS = frozenset({"uniform_philox"})
 REDUCTION_KINDS = NVFUSER_REDUCTION_PRIMS | frozenset(
     "argmax argmin topk sort torch.sum torch.amax torch.var_mean torch.mean torch.var torch.max torch.min".split()
 )
+
+# ----------------------------------------------------------------------------------------- bookkeeping
 # Bookkeeping symbols: they produce or consume names but no data worth modelling.
 INPUT_KINDS = frozenset({"unpack_trivial", "unpack_sequence", "unpack_key", "unpack_attr", "unpack_parameter"})
 COTANGENT_KIND = "get_grad"
 RETURN_KIND = "return"
+FUSION_KIND = "fusion"
 BOOKKEEPING_KINDS = frozenset({"comment", "python_del", "del", "print", "sink"})
 
+# ------------------------------------------------------------------------------------------- in place
 # The in-place family: ops that write into an existing buffer (``copy_(src, dst)`` writes ``dst``), keep
 # state (the RNG state), record aliasing (``update_aliases``), or scatter into a copy of a buffer.  They
 # always stay stand-alone ops where the trace has them and are never recomputed (tag ``in_place``).
@@ -93,46 +159,38 @@ IN_PLACE_KINDS = MUTATING_KINDS | frozenset(
     torch.Tensor.scatter_add_ torch.Tensor.index_fill_ torch.Tensor.copy_ torch.Tensor.__setitem__
     """.split()
 )
+#: Ops that must stay even when nothing reads their outputs (besides ops Thunder tags ``DONT_DCE`` or
+#: ``IN_PLACE``).
+SIDE_EFFECT_KINDS = frozenset({"copy_", "get_and_update_rng_state", "update_aliases", "sink"})
+
+# ------------------------------------------------------------------------------------------------ tags
+#: Every tag :func:`op_tags` gives, and so every tag a plain graph may carry (docs/graph-schema.md).
+TAGS = frozenset(
+    {"matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape", "in_place", "mutates", "opaque", "no_recompute"}
+)
 # Tags that forbid recomputation whatever the RecomputePolicy says (see :func:`op_tags`).
 NEVER_RECOMPUTE_TAGS = frozenset({"in_place", "opaque", "no_recompute"})
-# remat's own kinds and Thunder's bookkeeping; Thunder's prims and the ops of its torch and Python
-# executors are known too (:func:`is_known_kind`).
-_REMAT_KNOWN_KINDS = frozenset({COTANGENT_KIND, RETURN_KIND, "fusion", "python_return"})
-
-
-def _tables() -> frozenset[str]:
-    return (
-        NVFUSER_FUSIBLE_PRIMS | VIEW_KINDS | MATMUL_KINDS | RNG_KINDS | STATELESS_RNG_KINDS | REDUCTION_KINDS
-        | INPUT_KINDS | BOOKKEEPING_KINDS | IN_PLACE_KINDS | _REMAT_KNOWN_KINDS
-    )
-
-
-@functools.lru_cache(maxsize=1)
-def _thunder_kinds() -> frozenset[str]:
-    """Names of Thunder's prims and of the operators its torch and Python executors register: ops whose
-    meaning Thunder defines (functional, apart from the in-place family).  Empty without Thunder."""
-    try:
-        from thunder.core.prims import PrimIDs
-        from thunder.executors import pythonex, torchex
-    except Exception:  # pragma: no cover - remat.ops works on plain strings without Thunder
-        return frozenset()
-    return frozenset(p.name.lower() for p in PrimIDs) | frozenset(torchex.ex.opmap) | frozenset(pythonex.ex.opmap)
+# remat's own kinds and Thunder's bookkeeping.
+_REMAT_KNOWN_KINDS = frozenset({COTANGENT_KIND, RETURN_KIND, FUSION_KIND, "python_return"})
+_TABLES = (
+    NVFUSER_FUSIBLE_PRIMS | VIEW_KINDS | MATMUL_KINDS | RNG_KINDS | STATELESS_RNG_KINDS | REDUCTION_KINDS
+    | INPUT_KINDS | BOOKKEEPING_KINDS | IN_PLACE_KINDS | _REMAT_KNOWN_KINDS
+)
 
 
 @functools.lru_cache(maxsize=4096)
 def is_known_kind(kind: str) -> bool:
-    """Whether remat knows what an op of this kind does.  Known: the kinds in this module's tables,
-    attention kernels, remat's own ops (``remat_*``), Thunder's prims and torch-language symbols
-    (``torch.*``, ``Tensor.*``; of ``torch.ops`` only ``aten``), and the operators of Thunder's torch and
-    Python executors.  Unknown ops (a custom executor's kernel, a user's ``torch.ops`` library) are left
-    where the trace has them: never fused, never recomputed (tag ``opaque``)."""
-    if kind in _tables() or is_attention(kind) or kind.startswith("remat_"):
+    """Whether remat knows what an op of this kind does from its name alone: the kinds in this module's
+    tables, attention kernels, remat's own ops (``remat_*``) and torch-language symbols (``torch.*``,
+    ``Tensor.*``; of ``torch.ops`` only ``aten``).  The Thunder reader adds Thunder's prims and the
+    operators of its torch and Python executors (:func:`remat.thunder.read.symbol_facts`).  Unknown ops
+    (a custom executor's kernel, a user's ``torch.ops`` library) are left where the trace has them: never
+    fused, never recomputed (tag ``opaque``)."""
+    if kind in _TABLES or is_attention(kind) or kind.startswith("remat_"):
         return True
     if kind.startswith("torch.ops."):
         return kind.startswith("torch.ops.aten.")
-    if kind.startswith(("torch.", "Tensor.")):
-        return True
-    return kind in _thunder_kinds()
+    return kind.startswith(("torch.", "Tensor."))
 
 
 def is_attention(kind: str) -> bool:
@@ -141,20 +199,20 @@ def is_attention(kind: str) -> bool:
     return any(marker in lowered for marker in ATTENTION_MARKERS)
 
 
-def op_tags(kind: str, thunder_tags: Iterable[str] = ()) -> frozenset[str]:
-    """Tags remat uses for an op: subset of {"matmul", "attention", "reduction", "rng", "rng_stateless",
-    "view", "shape", "in_place", "mutates", "opaque", "no_recompute"}.  ``thunder_tags`` are lower-case
-    names of Thunder ``OpTags`` on the symbol.
+def op_tags(kind: str, thunder_tags: Iterable[str] = (), *, known: bool | None = None) -> frozenset[str]:
+    """Tags remat uses for an op: a subset of :data:`TAGS`.  ``thunder_tags`` are lower-case names of
+    Thunder ``OpTags`` on the symbol; ``known`` whether remat knows the kind (default
+    :func:`is_known_kind`).
 
     ``in_place``: the in-place family (:data:`IN_PLACE_KINDS`, or Thunder's ``IN_PLACE`` tag); ``mutates``:
     it writes into a buffer it reads (``copy_``, Thunder ``IN_PLACE`` symbols); ``opaque``: a kind remat
-    does not know (:func:`is_known_kind`); ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``.
+    does not know; ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``.
     Ops with any of the last four tags except ``mutates`` alone are never recomputed."""
-    return _op_tags(kind, frozenset(thunder_tags))
+    return _op_tags(kind, frozenset(thunder_tags), is_known_kind(kind) if known is None else known)
 
 
 @functools.lru_cache(maxsize=4096)
-def _op_tags(kind: str, thunder_tags: frozenset[str]) -> frozenset[str]:
+def _op_tags(kind: str, thunder_tags: frozenset[str], known: bool) -> frozenset[str]:
     tags = set()
     if kind in MATMUL_KINDS or "matmul_op" in thunder_tags:
         tags.add("matmul")
@@ -176,98 +234,9 @@ def _op_tags(kind: str, thunder_tags: frozenset[str]) -> frozenset[str]:
         tags.add("mutates")
     if "dont_recompute_in_backward" in thunder_tags:
         tags.add("no_recompute")
-    if not is_known_kind(kind):
+    if not known:
         tags.add("opaque")
     return frozenset(tags)
-
-
-def written_buffer(kind: str, tags: Iterable[str], inputs: Sequence[str]) -> str | None:
-    """The name of the buffer an op writes in place: ``copy_(src, dst)`` writes ``dst``; a Thunder
-    ``IN_PLACE`` symbol its first argument.  None for other ops."""
-    if kind in MUTATING_KINDS:
-        return inputs[1] if len(inputs) > 1 else None
-    if "mutates" in tags and inputs:
-        return inputs[0]
-    return None
-
-
-class _Storage:
-    """Union-find over value names: names in one set may share storage."""
-
-    def __init__(self) -> None:
-        self.parent: dict[str, str] = {}
-
-    def find(self, name: str) -> str:
-        parent = self.parent
-        root = name
-        while parent.get(root, root) != root:
-            root = parent[root]
-        while parent.get(name, name) != root:  # path compression
-            parent[name], name = root, parent[name]
-        return root
-
-    def union(self, a: str, b: str) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-
-OpRecord = tuple  # (kind, tags, inputs, outputs): plain data for the functions below
-
-
-def _storage_and_writes(records: Sequence[OpRecord]) -> tuple[_Storage, dict[str, tuple[int, str]]]:
-    """Storage sets and, per set (its root), the position and kind of the last op writing it in place."""
-    storage = _Storage()
-    writes: list[tuple[int, str, str]] = []
-    for position, (kind, tags, inputs, outputs) in enumerate(records):
-        written = written_buffer(kind, tags, inputs)
-        if written is not None:
-            writes.append((position, written, kind))
-            for out in outputs:
-                storage.union(out, written)  # copy_ returns its destination
-        elif kind == "update_aliases" and inputs:  # its arguments may alias each other; outputs are them
-            for name in (*inputs, *outputs):
-                storage.union(name, inputs[0])
-        elif "view" in tags and inputs:
-            for out in outputs:
-                storage.union(out, inputs[0])
-    last: dict[str, tuple[int, str]] = {}
-    for position, written, kind in writes:
-        root = storage.find(written)
-        if root not in last or last[root][0] < position:
-            last[root] = (position, kind)
-    return storage, last
-
-
-def mutated_storage(records: Sequence[OpRecord]) -> set[str]:
-    """Names (read or written by ``records``) that may share storage with a buffer some op writes in
-    place.  ``records``: ``(kind, tags, inputs, outputs)`` per op, tags from :func:`op_tags`.  Views,
-    ``update_aliases`` and ``copy_`` link storage; an over-approximation (views inside regions count too)."""
-    if not any("mutates" in r[1] for r in records):
-        return set()
-    storage, last = _storage_and_writes(records)
-    names = {n for r in records for n in (*r[2], *r[3])}
-    return {n for n in names if storage.find(n) in last}
-
-
-def mutation_hazards(records: Sequence[OpRecord]) -> dict[int, str]:
-    """Positions of the ops that read a value sharing storage with a buffer that an op *later in*
-    ``records`` writes in place, each with the kind of that op.  ``records`` are in execution order.
-    Recomputing such an op after the write would read the new contents, so it must stay where it is.
-    Ops of the in-place family themselves are left out (they are never recomputed anyway)."""
-    if not any("mutates" in r[1] for r in records):
-        return {}
-    storage, last = _storage_and_writes(records)
-    hazards: dict[int, str] = {}
-    for position, (kind, tags, inputs, _outputs) in enumerate(records):
-        if "in_place" in tags:
-            continue
-        for name in inputs:
-            write = last.get(storage.find(name))
-            if write is not None and write[0] > position:
-                hazards[position] = write[1]
-                break
-    return hazards
 
 
 def numel(shape: Sequence[int]) -> int:

@@ -1,9 +1,10 @@
-"""Stage 6, *rewrite*: apply a :class:`~remat.plan.Plan` to the Thunder trace it was made from.
+"""The plan layout: how a trace changes under a plan, decided unit by unit on plain data.
 
-The rewrite is decided on plain data first (:func:`plan_layout`, one :class:`UnitEdit` per unit of the
-trace), then either materialized as a Thunder trace (:func:`apply_plan`) or simulated as units for the
-memory model (:func:`layout_graph`, what :func:`remat.plan_memory` uses to price many plans quickly).
-Both read the same layout, so the estimate of a plan is the estimate of its rewritten trace.
+:func:`plan_layout` gives one :class:`UnitEdit` per unit of a :class:`~remat.core.ir.FusionGraph`.  The
+layout is then either materialized as a Thunder trace (:func:`remat.thunder.rewrite.apply_plan`) or
+simulated as units for the memory model (:func:`layout_graph`, what :func:`remat.plan_memory` uses to
+price many plans quickly).  Both read the same layout, so the estimate of a plan is the estimate of its
+rewritten trace.
 
 The new joint trace is such that
 
@@ -11,7 +12,7 @@ The new joint trace is such that
   forward outputs, and the plan's saved values (a region gains an output for a value saved from inside
   it, and loses the outputs and ops only the backward used to read);
 * every backward unit that read a value the plan recomputes gets that value back from the saved ones:
-  a backward *region* takes the recomputing prims at its start (they are fused with it); a stand-alone
+  a backward *region* takes the recomputing ops at its start (they are fused with it); a stand-alone
   backward op (a matmul, an attention backward, a view) gets a new small region placed right before
   it, whose outputs carry fresh names (a region output reusing a forward name would make Thunder's
   split treat the region as forward);
@@ -20,33 +21,56 @@ The new joint trace is such that
 * a region output that is a view of another output (``reshape(a)`` beside ``a``) or of an input is
   written after the region as a stand-alone view, which costs no memory.
 
-Recomputed prims inside a region keep their forward names, as Thunder's own rematerialization does:
-they are internal to the region and invisible to the split.  Regions keep their names (so a plan reads
-as "nvFusion12 now also recomputes ..."); new recompute regions are numbered after the largest one.
+Regions keep their names (so a plan reads as "nvFusion12 now also recomputes ..."); new recompute
+regions are numbered after the largest one (:class:`RegionNames`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from remat import _compat
-from remat.graph import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, region_view_outputs, split_phases
-from remat.plan import Plan
-from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, split_phases
+from remat.core.ops import ALWAYS_VIEW_PRIMS, VIEW_PRIMS
+from remat.core.views import region_views
 
-_compat.import_thunder()
+__all__ = [
+    "UnitEdit", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io", "recompute_closure",
+    "RegionNames", "region_name",
+]
 
-from thunder.core import prims  # noqa: E402
-from thunder.core.proxies import Proxy, TensorProxy, variableify  # noqa: E402
-from thunder.core.symbol import BoundSymbol  # noqa: E402
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
+Node = TypeVar("Node", bound=Hashable)
 
-__all__ = ["RewriteResult", "UnitEdit", "Layout", "plan_layout", "apply_plan", "layout_graph"]
+#: Fusion regions are named ``nvFusion<N>``, as Thunder's nvFuser executor names them.
+REGION_PREFIX = "nvFusion"
 
-# Shape prims that PyTorch always runs as views, and reshape, a view of a contiguous tensor.
-_ALWAYS_VIEW = frozenset({"squeeze", "transpose", "slice", "broadcast_in_dim"})
+
+def region_name(number: int) -> str:
+    """The name of the ``number``-th fusion region."""
+    return f"{REGION_PREFIX}{number}"
+
+
+class RegionNames:
+    """Fresh region names after the largest number in ``taken`` (fusion names must be unique within a
+    trace: they key its call context)."""
+
+    def __init__(self, taken: Iterable[str]):
+        numbers = [int(m.group(1)) for name in taken for m in [re.search(r"(\d+)$", name)] if m]
+        self.next = max(numbers, default=-1) + 1
+
+    def new_name(self) -> str:
+        name = region_name(self.next)
+        self.next += 1
+        return name
+
+
+class PlanLike(Protocol):
+    """What the layout reads of a plan (a :class:`remat.Plan`)."""
+
+    saved: Collection[str]
+    recomputed_values: Collection[str]
 
 
 @dataclass(frozen=True)
@@ -69,66 +93,87 @@ class UnitEdit:
     hoisted: tuple[int, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layout:
-    edits: list[UnitEdit]
+    edits: tuple[UnitEdit, ...]
     extra_flops: int
 
 
-@dataclass
-class RewriteResult:
-    """``placements`` maps each region of the new trace that recomputes something to the op nodes (ids
-    in the original graph) it recomputes; ``recompute_regions`` counts the new regions."""
+def recompute_closure(
+    wanted: Iterable[str], producer: Callable[[str], Node], reads: Callable[[Node], Iterable[str]]
+) -> list[Node]:
+    """The ops to run again so that ``wanted`` values exist: their producers, and, for every value such
+    a producer reads that ``reads(op)`` yields (the ones not available: neither saved nor a parameter or
+    input), its producer too.  In the order found; callers order them."""
+    chosen: dict[Node, None] = {}
+    stack = list(wanted)
+    seen = set(stack)
+    while stack:
+        node = producer(stack.pop())
+        if node in chosen:
+            continue
+        chosen[node] = None
+        for read in reads(node):
+            if read not in seen:
+                seen.add(read)
+                stack.append(read)
+    return list(chosen)
 
-    trace: TraceCtx
-    extra_flops: int
-    recompute_regions: int
-    notes: list[str] = field(default_factory=list)
-    placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
-
-# ------------------------------------------------------------------------------------------- layout
-
-
-def _region_io(ops, nodes: Sequence[int], wanted: set[str] | None = None) -> tuple[list[str], list[str]]:
-    """Names read by ``nodes`` and not written by them (order of first use); names written (in order)."""
+def region_io(
+    steps: Iterable[tuple[Sequence[str], Sequence[str]]], wanted: Collection[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """For a group of ops given as ``(reads, writes)`` name sequences in order: the names read and not
+    written before (order of first use), and the names written (order of definition) that are in
+    ``wanted`` (all when None) and are not inputs.  The rule a region's signature follows."""
     produced: dict[str, None] = {}
     inputs: dict[str, None] = {}
-    for n in nodes:
-        op = ops[n]
-        for name in op.inputs:
+    for reads, writes in steps:
+        for name in reads:
             if name not in produced and name not in inputs:
                 inputs[name] = None
-        for name in op.outputs:
+        for name in writes:
             produced.setdefault(name)
     written = [name for name in produced if (wanted is None or name in wanted) and name not in inputs]
     return list(inputs), written
 
 
+def _op_io(graph: FusionGraph, nodes: Sequence[int], wanted: Collection[str] | None = None) -> tuple[list[str], list[str]]:
+    ops = graph.ops
+    return region_io(((ops[n].inputs, ops[n].outputs) for n in nodes), wanted)
+
+
 def _closure(graph: FusionGraph, saved: set[str], values: Sequence[str]) -> list[int]:
     """Forward op nodes recomputing ``values`` from saved values, parameters and inputs (node order)."""
-    ops, tensors = graph.ops, graph.tensors
-    chosen: set[int] = set()
-    stack = list(values)
-    seen = set(stack)
-    while stack:
-        name = stack.pop()
+    ops, tensors, units = graph.ops, graph.tensors, graph.units
+
+    def producer(name: str) -> int:
         info = tensors.get(name)
         if info is None or info.producer_node is None:
             raise AssertionError(f"no producer for recomputed value {name}")
-        node = info.producer_node
-        if node in chosen:
-            continue
-        chosen.add(node)
+        return info.producer_node
+
+    def missing(node: int) -> Iterable[str]:
         for read in ops[node].inputs:
-            read_info = tensors.get(read)
-            if read_info is None or read_info.kind != "activation" or read in saved or read in seen:
-                continue
-            if graph.units[read_info.producer_unit].phase != FORWARD:
-                continue
-            seen.add(read)
-            stack.append(read)
-    return sorted(chosen)
+            info = tensors.get(read)
+            if info is not None and info.kind == "activation" and read not in saved and units[info.producer_unit].phase == FORWARD:
+                yield read
+
+    return sorted(recompute_closure(values, producer, missing))
+
+
+def _region_views(graph: FusionGraph, nodes: Iterable[int], inputs: Iterable[str], outputs: Iterable[str], base_of) -> dict[str, str]:
+    """The region rule of :func:`remat.core.views.region_views` on op nodes of ``graph``."""
+    ops, tensors = graph.ops, graph.tensors
+
+    def members():
+        for n in nodes:
+            op = ops[n]
+            tensor_inputs = [a for a in op.inputs if a in tensors and tensors[a].kind != "number"]
+            if len(tensor_inputs) == 1:
+                yield tensor_inputs[0], op.outputs, n
+
+    return region_views(members(), set(inputs) | set(outputs), base_of, graph.view_ops.__contains__)
 
 
 def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str], inputs: Sequence[str]) -> tuple[int, ...]:
@@ -151,14 +196,14 @@ def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str],
         if n is None:
             continue
         op = ops[n]
-        if len(op.outputs) != 1 or (op.kind not in _ALWAYS_VIEW and op.kind != "reshape"):
+        if len(op.outputs) != 1 or op.kind not in VIEW_PRIMS:
             continue
         tensor_args = [a for a in op.inputs if a in tensors and tensors[a].kind != "number"]
         if len(tensor_args) != 1:
             continue
         base = tensor_args[0]
         base_is_output = base in output_names and base not in hoisted_names
-        view_of_input = base in input_names and (op.kind in _ALWAYS_VIEW or n in graph.view_ops)
+        view_of_input = base in input_names and (op.kind in ALWAYS_VIEW_PRIMS or n in graph.view_ops)
         if not (base_is_output or view_of_input):
             continue
         hoisted.append(n)
@@ -168,10 +213,10 @@ def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str],
     return tuple(hoisted)
 
 
-def plan_layout(graph: FusionGraph, plan: Plan) -> Layout:
+def plan_layout(graph: FusionGraph, plan: PlanLike) -> Layout:
     """Decide, unit by unit, how the trace changes under ``plan`` (see :class:`UnitEdit`)."""
     if graph.ops is None:
-        raise ValueError("plan_layout needs a FusionGraph with op records (FusionGraph.from_trace(trace))")
+        raise ValueError("plan_layout needs a FusionGraph with operations (remat.read_trace(trace))")
     ops = graph.ops
     saved = set(plan.saved)
     recomputed = set(plan.recomputed_values)
@@ -203,7 +248,7 @@ def plan_layout(graph: FusionGraph, plan: Plan) -> Layout:
                 kept.append(n)
                 needed.update(op.inputs)
         kept.reverse()
-        _, written = _region_io(ops, kept, needed_after)
+        _, written = _op_io(graph, kept, needed_after)
         if not kept or not written:
             edits[unit.index] = UnitEdit(unit.index, "drop")
             continue
@@ -241,157 +286,24 @@ def plan_layout(graph: FusionGraph, plan: Plan) -> Layout:
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         else:
             nodes, outputs = unit.nodes, unit.outputs
-        inputs, _ = _region_io(ops, nodes)
+        inputs, _ = _op_io(graph, nodes)
         hoisted = _hoistable(graph, nodes, outputs, inputs)
         if hoisted:
             action = "rebuild" if edit.action == "keep" else edit.action
             edits[index] = UnitEdit(index, action, nodes or unit.nodes, outputs, edit.recompute, edit.reads, hoisted)
-    return Layout([edits[u.index] for u in graph.units], extra_flops)
-
-
-# -------------------------------------------------------------------------------- Thunder trace
-
-
-class _RegionNames:
-    """Regions keep their names; new recompute regions get fresh ``nvFusionN`` names after the largest
-    existing N (fusion names must be unique within a trace: they key its call context)."""
-
-    def __init__(self, trace: TraceCtx):
-        taken = [int(m.group(1)) for b in trace.bound_symbols if b.sym.is_fusion for m in [re.search(r"(\d+)$", b.sym.name)] if m]
-        self.next = max(taken, default=-1) + 1
-
-    def new_name(self) -> str:
-        name = f"nvFusion{self.next}"
-        self.next += 1
-        return name
-
-
-def _owner(region: BoundSymbol, default: RegionExecutor) -> RegionExecutor:
-    """The executor that made ``region`` (so a rebuilt region keeps its backend, e.g. nvFuser)."""
-    owner = region.sym.executor
-    return owner if isinstance(owner, RegionExecutor) else default
-
-
-def _trace_executor(trace: TraceCtx) -> RegionExecutor | None:
-    for bsym in trace.bound_symbols:
-        if bsym.sym.is_fusion and isinstance(bsym.sym.executor, RegionExecutor):
-            return bsym.sym.executor
-    return None
-
-
-def _proxy_map(bsyms: Sequence[BoundSymbol]) -> dict[str, Proxy]:
-    found: dict[str, Proxy] = {}
-    for bsym in bsyms:
-        for p in bsym.flat_proxy_args:
-            found.setdefault(p.name, p)
-        for p in bsym.flat_proxy_outs:
-            found.setdefault(p.name, p)
-    return found
-
-
-def _thunder_region_io(bsyms: Sequence[BoundSymbol], outputs: Sequence[str]) -> tuple[list[Proxy], list[Proxy]]:
-    """Region inputs, and the proxies of ``outputs`` in that order."""
-    inputs, written = region_io(bsyms, outputs)
-    by_name = {p.name: p for p in written}
-    return inputs, [by_name[name] for name in outputs]
-
-
-def apply_plan(
-    trace: TraceCtx,
-    graph: FusionGraph,
-    plan: Plan,
-    *,
-    executor: RegionExecutor | None = None,
-    layout: Layout | None = None,
-) -> RewriteResult:
-    """Rewrite ``trace`` (the trace ``graph`` was built from) to follow ``plan``.  Changed regions keep
-    the executor (and so the backend) that made them; new regions use ``executor``, by default the one
-    that made the trace's regions."""
-    if graph.ops is None or graph.op_bsyms is None or graph.unit_bsyms is None:
-        raise ValueError("apply_plan needs a FusionGraph built from a trace (FusionGraph.from_trace)")
-    executor = executor or _trace_executor(trace) or default_region_executor()
-    layout = layout or plan_layout(graph, plan)
-    edit_of = {id(graph.unit_bsyms[e.index]): e for e in layout.edits}
-    op_bsyms = graph.op_bsyms
-    new_trace = from_trace(trace)
-    names = _RegionNames(trace)
-    new_bsyms: list[BoundSymbol] = []
-    recompute_regions = 0
-    hoisted_count = 0
-    placements: dict[str, tuple[int, ...]] = {}
-
-    for bsym in trace.bound_symbols:
-        edit = edit_of.get(id(bsym))
-        if edit is None or edit.action == "keep":  # comments, deletes, unchanged units
-            new_bsyms.append(bsym)
-            continue
-        if edit.action == "drop":
-            continue
-        owner = _owner(bsym, executor)
-        hoisted = set(edit.hoisted)
-        if edit.action == "rebuild":
-            members = [op_bsyms[n] for n in edit.nodes]
-            outputs = [name for name in edit.outputs if not _writes(op_bsyms, hoisted, name)]
-            inputs, out_proxies = _thunder_region_io(members, outputs)
-            new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
-        elif edit.action == "recompute_into":
-            members = [op_bsyms[n] for n in edit.recompute] + list(bsym.subsymbols)
-            outputs = [p.name for p in bsym.flat_proxy_outs if not _writes(op_bsyms, hoisted, p.name)]
-            inputs, out_proxies = _thunder_region_io(members, outputs)
-            new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
-            placements[bsym.sym.name] = edit.recompute
-        else:  # recompute_before: a new region hands the values out under fresh names (no-op copies)
-            members = [op_bsyms[n] for n in edit.recompute]
-            proxies = _proxy_map(members)
-            swap: dict = {}
-            copies: list[BoundSymbol] = []
-            with tracectx(new_trace):
-                for name in edit.reads:
-                    original = proxies[name]
-                    fresh = TensorProxy(like=original)
-                    copies.append(prims.shallow_copy.bind(original, output=fresh))
-                    swap[variableify(original)] = fresh
-            region_members = members + copies
-            inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
-            region = make_region(executor, names.new_name(), region_members, inputs, out_proxies)
-            new_bsyms.append(region)
-            placements[region.sym.name] = edit.recompute
-            recompute_regions += 1
-            new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
-            continue
-        new_bsyms.extend(op_bsyms[n] for n in edit.hoisted)
-        hoisted_count += len(edit.hoisted)
-
-    new_trace.bound_symbols = new_bsyms
-    new_trace.set_provenance(
-        TraceProvenance(
-            f"remat.optimize: saved {len(plan.saved)} values ({plan.saved_bytes / 2**20:.1f} MiB), "
-            f"recomputed {len(plan.recomputed_ops)} ops"
-        )
-    )
-    notes = [f"{hoisted_count} region outputs that were views of other outputs or inputs now alias them"] if hoisted_count else []
-    return RewriteResult(new_trace, layout.extra_flops, recompute_regions, notes, placements)
-
-
-def _writes(op_bsyms, nodes: set[int], name: str) -> bool:
-    return any(name in (p.name for p in op_bsyms[n].flat_proxy_outs) for n in nodes)
-
-
-# ----------------------------------------------------------------------------- simulated units
+    return Layout(tuple(edits[u.index] for u in graph.units), extra_flops)
 
 
 def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     """The units and tensors the rewritten trace would have (no Thunder objects are made), for the
     memory model: ``profile_graph(layout_graph(graph, plan_layout(graph, plan)))`` equals the profile of
-    ``apply_plan(...)``'s trace."""
+    the rewritten trace (:func:`remat.thunder.rewrite.apply_plan`)."""
     ops, tensors = graph.ops, dict(graph.tensors)
     rows: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # (name, kind, inputs, outputs)
     row_phases: list[str] = []  # for plain graphs, whose phases are given
     aliases: dict[str, str] = {}
     fresh_count = 0
-    new_names = _RegionNames.__new__(_RegionNames)
-    taken = [int(m.group(1)) for u in graph.units if u.kind == "region" for m in [re.search(r"(\d+)$", u.name)] if m]
-    new_names.next = max(taken, default=-1) + 1
+    new_names = RegionNames(u.name for u in graph.units if u.kind == "region")
 
     def base_of(name: str) -> str:
         return aliases.get(name, tensors[name].alias_of or name) if name in tensors else name
@@ -402,14 +314,14 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             continue
         if edit.action == "keep":
             if unit.kind == "region":
-                views = region_view_outputs(graph, unit.nodes, unit.inputs, unit.outputs, base_of)
+                views = _region_views(graph, unit.nodes, unit.inputs, unit.outputs, base_of)
                 aliases.update((name, base) for name, base in views.items() if name in unit.outputs)
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
             continue
         if edit.action == "recompute_before":
-            inputs, _ = _region_io(ops, edit.recompute)
-            views = region_view_outputs(graph, edit.recompute, inputs, (), base_of)
+            inputs, _ = _op_io(graph, edit.recompute)
+            views = _region_views(graph, edit.recompute, inputs, (), base_of)
             fresh: dict[str, str] = {}
             for name in edit.reads:
                 fresh_name = f"{name}__recomputed{fresh_count}"
@@ -433,9 +345,9 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         else:  # recompute_into
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         hoisted_outputs = {ops[n].outputs[0] for n in edit.hoisted}
-        inputs, _ = _region_io(ops, nodes)
+        inputs, _ = _op_io(graph, nodes)
         region_outputs = tuple(o for o in outputs if o not in hoisted_outputs)
-        views = region_view_outputs(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, base_of)
+        views = _region_views(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, base_of)
         aliases.update((name, base) for name, base in views.items() if name in region_outputs)
         rows.append((unit.name, "region", tuple(inputs), region_outputs))
         row_phases.append(unit.phase)
@@ -459,7 +371,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     for index, ((name, kind, inputs, outputs), phase) in enumerate(zip(rows, phases)):
         units.append(Unit(index, name, kind, phase, inputs, outputs, (), 0))
         for out in outputs:
-            info = tensors.get(out)
+            info: TensorInfo | None = tensors.get(out)
             if info is None:
                 continue
             # region outputs are fresh buffers unless they are views of the region's inputs or outputs;
@@ -469,7 +381,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
                 tensors[out] = info._replace(producer_unit=index)
             else:
                 tensors[out] = info._replace(producer_unit=index, phase=phase, alias_of=alias)
-    simulated = FusionGraph(
+    return FusionGraph(
         units,
         tensors,
         None,
@@ -477,6 +389,5 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         gradients=graph.gradients,
         is_joint=graph.is_joint,
         explicit_saved=graph.explicit_saved,
+        save_costs=graph.save_costs,
     )
-    simulated.plain = graph.plain
-    return simulated

@@ -19,10 +19,7 @@ import functools
 import math
 from collections.abc import Sequence
 
-__all__ = ["VIEW_KINDS", "contiguous_strides", "is_contiguous", "reshape_strides", "view_strides"]
-
-#: Prims that may return a view of their (first) tensor input.
-VIEW_KINDS = frozenset({"reshape", "transpose", "slice", "squeeze", "broadcast_in_dim"})
+__all__ = ["contiguous_strides", "is_contiguous", "reshape_strides", "view_strides"]
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -78,7 +75,7 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Seq
 
 
 def view_strides(kind: str, args: Sequence, in_shape: Sequence[int], in_strides: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...] | None:
-    """Strides of the output of view op ``kind`` (a prim name from :data:`VIEW_KINDS`, with the bound
+    """Strides of the output of view op ``kind`` (a prim name from :data:`remat.core.ops.VIEW_PRIMS`, with the bound
     symbol's ``args``) applied to an input of ``in_shape``/``in_strides``; None when the op copies."""
     in_shape, in_strides, out_shape = tuple(in_shape), tuple(in_strides), tuple(out_shape)
     if kind == "reshape":

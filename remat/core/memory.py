@@ -3,7 +3,7 @@
 What it counts (docs/memory-model.md has the full statement):
 
 * Units run in execution order: the forward units of the joint trace in trace order, then the backward
-  units (Thunder splits the joint trace exactly so; see :func:`remat.graph.split_phases`).
+  units (Thunder splits the joint trace exactly so; see :func:`remat.core.ir.split_phases`).
 * A unit allocates all its outputs when it runs (a fusion region's outputs are allocated together; its
   internal values are never materialized).  A buffer is freed after its last reader has run.
 * Outputs of stand-alone view ops (reshape, expand, transpose, slice, ...) alias their input: no new
@@ -23,11 +23,20 @@ a model of *live tensor bytes*, comparable between plans of the same trace, not 
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from remat.graph import BACKWARD, FORWARD, FusionGraph
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph
 
-__all__ = ["MemoryProfile", "TimelinePoint", "estimate_memory", "profile_graph", "lifetimes", "live_at"]
+__all__ = [
+    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "lifetimes", "live_at", "save_cost", "tensor_save_cost",
+    "format_bytes",
+]
+
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,18 @@ class MemoryProfile:
             f"saved={self.saved_bytes / mib:.1f} MiB in {len(self.saved_tensors)} tensors, "
             f"params={self.param_bytes / mib:.1f} MiB)"
         )
+
+
+def format_bytes(n: int | float) -> str:
+    """``1536 -> '1.5 KiB'``: binary units, three significant digits."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            if unit == "B":
+                return f"{int(n)} B"
+            return f"{n:.3g} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def _base(name: str, graph: FusionGraph) -> str:
@@ -179,11 +200,116 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
     )
 
 
-def estimate_memory(trace_or_graph) -> MemoryProfile:
-    """Memory profile of any Thunder trace (joint, fused, Thunder's own rematerialized traces included)
-    or of a :class:`~remat.graph.FusionGraph`."""
-    if isinstance(trace_or_graph, FusionGraph):
-        graph = trace_or_graph
-    else:
-        graph = FusionGraph.from_trace(trace_or_graph, ops=False)
-    return profile_graph(graph)
+def save_cost(graph: FusionGraph, name: Hashable, *, held: Collection[str] | None = None) -> int:
+    """Bytes that keeping value ``name`` for the backward adds to the step.
+
+    Plain graphs give their costs (:attr:`FusionGraph.save_costs`).  For traces: nothing for forward
+    outputs (``held``, default ``graph.forward_outputs``: the caller holds them anyway), numbers,
+    parameters and inputs; a view costs its base's storage; a view of a parameter or input costs one
+    byte: no memory, but recomputing it is free too, and that spares the regions an output and an input
+    (and the trace a stand-alone view op) for nothing."""
+    if graph.save_costs is not None:
+        return graph.save_costs.get(name, 0)
+    return tensor_save_cost(name, graph.tensors, graph.forward_outputs if held is None else held)
+
+
+def tensor_save_cost(name: Hashable, tensors: Mapping[Hashable, Any], held: Collection[str]) -> int:
+    """The trace rule of :func:`save_cost`, on a tensor mapping and the values the caller holds."""
+    info = tensors.get(name)
+    if info is None:
+        return 0
+    if name in held or info.kind in ("number", "param", "input"):
+        return 0
+    if info.alias_of is not None:
+        base = tensors.get(info.alias_of)
+        if base is None or base.name in held:
+            return 0
+        if base.kind in ("param", "input"):
+            return 1
+        return base.bytes
+    return info.bytes
+
+
+_SIZE = re.compile(r"\s*(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[KMGT]i?B|B)?\s*")
+_FACTORS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A memory budget: a byte count or a fraction of a reference peak, never ambiguous between them.
+
+    :meth:`parse` reads what users write for ``memory_budget=``:
+
+    * a ``float`` in (0, 1]: a fraction (``0.7``, ``1.0``);
+    * an ``int``: bytes (``6 * 2**30``); ``1`` is refused as ambiguous (write ``1.0`` or ``"1B"``);
+    * a string: ``"70%"`` or ``"0.7"`` (a fraction), ``"600MiB"``, ``"1.5 GiB"``, ``"2GB"``, ``"629145600"``
+      or ``"629145600B"`` (bytes);
+    * a :class:`MemoryBudget` as it is.
+
+    Anything else raises ``TypeError`` (not a number or string; ``True``/``False``) or ``ValueError``
+    (zero, negative, infinite, NaN, a float above 1, an unreadable string).  What a fraction is of is
+    the caller's: :func:`remat.optimize` reads it against the un-optimized trace's estimated peak."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ValueError("a MemoryBudget is either bytes or a fraction")
+
+    @classmethod
+    def parse(cls, value: object) -> MemoryBudget | None:
+        """The budget ``value`` stands for (None for None); see the class docstring."""
+        if value is None or isinstance(value, MemoryBudget):
+            return value
+        if isinstance(value, str):
+            return cls._parse_text(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                "memory_budget must be a fraction in (0, 1] (a float), bytes (an int), or a string such as "
+                f"'70%' or '600MiB'; got {type(value).__name__} {value!r}"
+            )
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"memory_budget must be positive and finite, got {value!r}")
+        if isinstance(value, numbers.Integral):
+            if value == 1:
+                raise ValueError(
+                    "memory_budget=1 is ambiguous: write 1.0 for the whole reference peak, or '1B' for one byte"
+                )
+            return cls(bytes=int(value))
+        if value > 1:
+            raise ValueError(
+                f"memory_budget={value!r} is neither a fraction in (0, 1] nor a byte count: give a fraction "
+                "like 0.7, bytes as an int, or a string like '1.5GiB' or '70%'"
+            )
+        return cls(fraction=float(value))
+
+    @classmethod
+    def _parse_text(cls, text: str) -> MemoryBudget:
+        match = _SIZE.fullmatch(text)
+        if not match:
+            raise ValueError(f"cannot read memory_budget={text!r}: give a fraction like 0.7 or 70%, or a size like 600MiB")
+        number, suffix = match.group(1), match.group(2)
+        value = float(number)
+        if value <= 0 or not math.isfinite(value):
+            raise ValueError(f"memory_budget must be positive, got {text!r}")
+        if suffix == "%":
+            if value > 100:
+                raise ValueError(f"memory_budget={text!r} is more than 100%")
+            return cls(fraction=value / 100)
+        if suffix is None:
+            if "." in number or "e" in number.lower():  # "0.7": a fraction, as the float would be
+                return cls.parse(value)
+            return cls.parse(int(number))
+        return cls(bytes=max(int(value * _FACTORS[suffix]), 1))
+
+    def resolve(self, reference_bytes: int) -> int:
+        """The budget in bytes: itself, or its fraction of ``reference_bytes``."""
+        if self.bytes is not None:
+            return self.bytes
+        return int(self.fraction * reference_bytes)
+
+    def __str__(self) -> str:
+        if self.bytes is not None:
+            return format_bytes(self.bytes)
+        return f"{100 * self.fraction:g}%"

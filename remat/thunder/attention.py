@@ -22,16 +22,13 @@ import math
 
 import torch
 
-from remat import _compat
 
-_compat.import_thunder()
-
-from thunder.core import dtypes  # noqa: E402
-from thunder.core.devices import DeviceType  # noqa: E402
-from thunder.core.proxies import TensorProxy  # noqa: E402
-from thunder.core.transforms import get_grad, put_grads  # noqa: E402
-from thunder.extend import OperatorExecutor, register_executor  # noqa: E402
-import thunder.torch as ltorch  # noqa: E402
+from thunder.core import dtypes
+from thunder.core.devices import DeviceType
+from thunder.core.proxies import TensorProxy
+from thunder.core.transforms import get_grad, put_grads
+from thunder.extend import OperatorExecutor, register_executor
+import thunder.torch as ltorch
 
 __all__ = ["attention_executor", "cudnn_attention_executor", "cudnn_attention_available"]
 

@@ -11,17 +11,17 @@ in Thunder 0.2.6).  It mirrors that pass where it decides regions:
   ``fusion_type="consecutive"``); a non-fusible op (a matmul, attention, an input or cotangent read) ends
   the run;
 * a run is split into its connected parts, one region each, unless ``independent_parts=True`` (a remat
-  choice, not Thunder's; see :class:`NvFuserPolicy`);
+  choice, not Thunder's; see :class:`remat.FusionPolicy`);
 * a run (or part) made only of shape ops (reshape, broadcast, transpose, shallow_copy, ...) is not
   fused;
-* linear and matmul join regions only when the policy says so (nvFuser's ``nv_enable_linear`` /
+* linear and matmul join regions only when the fusion policy (:class:`remat.FusionPolicy`) says so (nvFuser's ``nv_enable_linear`` /
   ``nv_enable_matmul``), attention only with ``sdpa=True``;
 * a ``cat`` of transposed values (every operand a transpose, possibly reshaped, made in the trace) ends a
   run and runs as ``torch.cat`` unless ``transposed_cat=True`` (a remat choice, not Thunder's; see
-  :class:`NvFuserPolicy`);
+  :class:`remat.FusionPolicy`);
 * ops that may read or write storage some op writes in place (a kv cache updated by ``copy_``, its
   views, ``update_aliases``) stay stand-alone, as do the in-place family and ops remat does not know
-  (:func:`remat.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
+  (:func:`remat.core.ops.is_known_kind`).  A region's outputs are fresh buffers under nvFuser, so a view of
   such a buffer made inside a region would be written into a copy and the update lost.
 
 Before grouping, the trace is simplified exactly (:func:`simplify`): a float cast that undoes a widening
@@ -38,89 +38,30 @@ its result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import torch
+from thunder.core import dtypes, prims
+from thunder.core.devices import DeviceType
+from thunder.core.proxies import TensorProxy, variableify
+from thunder.core.rematerialization import replace_uniform
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.transform_common import NON_FUNCTIONAL_OPS, dce
 
-from remat import _compat
-from remat.ops import (
-    NEVER_RECOMPUTE_TAGS,
-    NVFUSER_FUSIBLE_PRIMS,
-    NVFUSER_MATMUL_PRIMS,
-    NVFUSER_SHAPE_PRIMS,
-    is_attention,
-    mutated_storage,
-    op_tags,
-)
-from remat.regions import RegionExecutor, default_region_executor, make_region, region_io
+from remat.core.layout import region_name
+from remat.core.ops import NEVER_RECOMPUTE_TAGS, SHAPE_ONLY_KINDS
+from remat.core.policies import FusionPolicy, check_policy
+from remat.core.storage import mutated_storage
+from remat.errors import UnsupportedTraceError
+from remat.thunder.execute import thunder_context
+from remat.thunder.read import op_kind, symbol_facts
+from remat.thunder.regions import RegionExecutor, default_region_executor, make_region, region_io
 
-_compat.import_thunder()
-
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
-
-from remat.graph import op_kind  # noqa: E402
-
-__all__ = ["NvFuserPolicy", "fuse", "simplify"]
-
-# Ops a region made of nothing else is not worth launching (Thunder's SHAPE_OP tag, shallow_copy included).
-_SHAPE_OPS = NVFUSER_SHAPE_PRIMS | {"shallow_copy"}
-
-
-@dataclass(frozen=True)
-class NvFuserPolicy:
-    """Which operations may join a fusion region.
-
-    ``linear`` / ``matmul``: let nvFuser take linear layers / matmuls (its ``nv_enable_linear`` and
-    ``nv_enable_matmul`` options); ``"auto"`` lets :class:`remat.executor.RematExecutor` try both and keep
-    the lower estimated peak (:func:`fuse` itself treats ``"auto"`` as False).  ``sdpa``: let regions take
-    attention kernels.  ``shape_only_regions``: fuse runs made only of shape ops (nvFuser's
-    ``nv_enable_shape_only_fusion``).
-
-    ``transposed_cat``: let a region take a ``cat`` whose operands are all transposed values.  Off by
-    default: the backward of LitGPT's attention ends in such a cat (the q, k, v gradients transposed
-    back and concatenated into the qkv gradient), and nvFuser 0.2.36's resize scheduler ran that region
-    in 392 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
-    (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs
-    the transposed pieces (written contiguously by nvFuser) and ``torch.cat`` joins them: one more
-    buffer of the cat's size is alive for that op, which the memory model sees.
-
-    ``independent_parts``: let one region hold computations that share no tensor (Thunder's regions
-    do: a run of consecutive fusible ops is one region).  Off by default: a run is split into its
-    connected parts (ops linked by a tensor one writes and another reads, or by a tensor both read),
-    one region each.  In LitGPT's backward a bias gradient (a sum over tokens of a linear's output
-    gradient) falls into the run of the layer-norm backward beside it; no single nvFuser scheduler
-    takes both, and nvFuser 0.2.36's segmenter then split the layer-norm backward itself into three
-    kernels where it alone runs as one (see docs/benchmarks.md).
-    """
-
-    linear: bool | str = False
-    matmul: bool | str = False
-    sdpa: bool = False
-    shape_only_regions: bool = False
-    transposed_cat: bool = False
-    independent_parts: bool = False
-
-    def __post_init__(self) -> None:
-        for field_name in ("linear", "matmul"):
-            if getattr(self, field_name) not in (True, False, "auto"):
-                raise ValueError(f"NvFuserPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts"):
-            if not isinstance(getattr(self, field_name), bool):
-                raise TypeError(f"NvFuserPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
-
-    def can_fuse_kind(self, kind: str) -> bool:
-        if kind in NVFUSER_MATMUL_PRIMS:
-            return (self.linear if kind == "linear" else self.matmul) is True
-        if kind in NVFUSER_FUSIBLE_PRIMS:
-            return True
-        return self.sdpa and is_attention(kind)
+__all__ = ["fuse", "simplify"]
 
 
 def _uniform_replaceable(trace: TraceCtx) -> bool:
     """Whether Thunder's ``replace_uniform`` can run: the RNG-state prim it inserts
     (``get_and_update_rng_state``) exists for CUDA only, so on CPU or meta traces with dropout it raises.
     There ``uniform`` stays stateful: tagged ``rng``, it is never recomputed and its mask is saved."""
-    from thunder.core import prims
-    from thunder.core.devices import DeviceType
-
     for bsym in trace.bound_symbols:
         if bsym.sym.id == prims.PrimIDs.UNIFORM:
             device = bsym.kwargs.get("device")
@@ -132,10 +73,7 @@ def _uniform_replaceable(trace: TraceCtx) -> bool:
 def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
     """Positions of bound symbols that must not join a region: the in-place family, unknown ops, and
     ops reading or writing storage that an op writes in place (see the module docstring)."""
-    tags = [
-        op_tags(kind, tuple(t.name.lower() for t in (bsym.sym.tags or ()) if hasattr(t, "name")))
-        for bsym, kind in zip(bsyms, kinds)
-    ]
+    tags = [symbol_facts(bsym)[1] for bsym in bsyms]
     stand_alone = {i for i, t in enumerate(tags) if t & NEVER_RECOMPUTE_TAGS}
     if not any("mutates" in t for t in tags):  # the common case: nothing is written in place
         return stand_alone
@@ -148,7 +86,7 @@ def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
 
 def _cat_of_transposes(cat, bsyms, kinds: list[str], producer: dict[str, int]) -> bool:
     """Whether every tensor operand of ``cat`` is made in the trace by a transpose that really moves
-    dimensions, possibly followed by reshapes (see ``NvFuserPolicy.transposed_cat``)."""
+    dimensions, possibly followed by reshapes (see ``FusionPolicy.transposed_cat``)."""
     operands = [p for p in cat.flat_proxy_args if hasattr(p, "shape")]
     if not operands:
         return False
@@ -168,10 +106,6 @@ def _cat_of_transposes(cat, bsyms, kinds: list[str], producer: dict[str, int]) -
 
 def _exact_widening(source, target) -> bool:
     """Whether every value of float dtype ``source`` is exactly a value of float dtype ``target``."""
-    import torch
-
-    from thunder.core import dtypes
-
     if not (dtypes.is_float_dtype(source) and dtypes.is_float_dtype(target)):
         return False
     if dtypes.is_complex_dtype(source) or dtypes.is_complex_dtype(target):
@@ -184,12 +118,6 @@ def simplify(trace: TraceCtx) -> TraceCtx:
     """``trace`` with every cast that undoes an exact widening cast (``b = f32(a: bf16); c = bf16(b)``:
     ``c`` is ``a``), or converts to the dtype a value already has, replaced by the value it started
     from (later readers read that value; ops left unread are removed).  Exact: no result changes."""
-    from thunder.core import prims
-    from thunder.core.proxies import TensorProxy, variableify
-    from thunder.core.transform_common import dce
-
-    from remat.execute import thunder_context
-
     replaced: dict = {}
     widened: dict[str, TensorProxy] = {}  # name of an exactly widened value -> the value it came from
     new_bsyms = []
@@ -218,8 +146,6 @@ def simplify(trace: TraceCtx) -> TraceCtx:
 
 def _swap(bsym, replaced: dict):
     """``bsym`` reading, for each name in ``replaced``, the value it maps to."""
-    from thunder.core.proxies import variableify
-
     if replaced and any(variableify(p) in replaced for p in bsym.flat_proxy_args):
         return bsym.from_bsym_swap_proxies(replaced, skip_inputs=False, skip_output=True)
     return bsym
@@ -231,9 +157,6 @@ def _merge_duplicates(run: list, replaced: dict) -> list:
     ``replaced`` as the earlier op's, so later readers read those.  Within a run only, like Thunder's
     nvFuser pass: merging across regions would turn a cheap recomputation inside a kernel into a
     buffer written by one region and read by another."""
-    from thunder.core.proxies import variableify
-    from thunder.core.transform_common import NON_FUNCTIONAL_OPS
-
     seen: dict = {}
     kept = []
     for bsym, kind in run:
@@ -282,7 +205,7 @@ def _connected_parts(group: list) -> list[list]:
     parts: dict[int, list] = {}
     for i, pair in enumerate(group):
         parts.setdefault(find(i), []).append(pair)
-    computing = [root for root, p in parts.items() if not all(kind in _SHAPE_OPS for _, kind in p)]
+    computing = [root for root, p in parts.items() if not all(kind in SHAPE_ONLY_KINDS for _, kind in p)]
     if not computing or len(computing) == len(parts):
         return list(parts.values())
     host = computing[0]
@@ -293,31 +216,27 @@ def _connected_parts(group: list) -> list[list]:
 
 def fuse(
     trace: TraceCtx,
-    policy: NvFuserPolicy | None = None,
+    fusion: FusionPolicy | None = None,
     *,
     executor: RegionExecutor | None = None,
 ) -> TraceCtx:
-    """Return ``trace`` with its fusible prims grouped into fusion regions (``sym.is_fusion``).
+    """Return ``trace`` with its fusible prims grouped into fusion regions (``sym.is_fusion``), as
+    ``fusion`` (a :class:`remat.FusionPolicy`; default ``FusionPolicy()``) allows.
 
     The result is a Thunder trace: Thunder's ``rematerialize`` accepts it, and so does
-    :func:`remat.optimize`.  Regions are named ``nvFusion0``, ``nvFusion1``, ... in trace order.
+    :func:`remat.optimize`.  Regions are named ``nvFusion0``, ``nvFusion1``, ... in trace order and run
+    with ``executor``'s runtime (default: the torch reference).
     """
     if not isinstance(trace, TraceCtx):
         hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
         raise TypeError(f"fuse expects a Thunder trace (TraceCtx), got {type(trace).__name__}.{hint}")
     if not trace.bound_symbols:
-        from remat.errors import UnsupportedTraceError
-
         raise UnsupportedTraceError("the trace has no bound symbols")
-    policy = policy or NvFuserPolicy()
-    if not isinstance(policy, NvFuserPolicy):
-        raise TypeError(f"policy must be a remat.NvFuserPolicy, got {type(policy).__name__}")
+    check_policy(fusion, FusionPolicy, "fusion")
+    policy = fusion or FusionPolicy()
     if executor is not None and not isinstance(executor, RegionExecutor):
         raise TypeError(f"executor must be a remat RegionExecutor (e.g. remat.executor()), got {type(executor).__name__}")
     executor = executor or default_region_executor()
-
-    from remat.execute import thunder_context
-    from thunder.core.rematerialization import replace_uniform
 
     if _uniform_replaceable(trace):
         with thunder_context():
@@ -369,14 +288,14 @@ def fuse(
             continue
         for part in [item] if policy.independent_parts else _connected_parts(item):
             group = [b for b, _ in part]
-            if not policy.shape_only_regions and all(kind in _SHAPE_OPS for _, kind in part):
+            if not policy.shape_only_regions and all(kind in SHAPE_ONLY_KINDS for _, kind in part):
                 new_bsyms.extend(group)
                 continue
             produced = {p.name for b in group for p in b.flat_proxy_outs}
             needed_after = {name for name in produced if last_read.get(name, -1) > position}
             inputs, outputs = region_io(group, needed_after)
             if outputs:
-                new_bsyms.append(make_region(executor, f"nvFusion{counter}", group, inputs, outputs))
+                new_bsyms.append(make_region(executor, region_name(counter), group, inputs, outputs))
                 counter += 1
 
     fused = from_trace(trace)

@@ -8,13 +8,13 @@ capture executor records that trace and stops compilation by raising a private e
 ever executed: no tensor math runs, and a model built on ``torch.device("meta")`` traces at full width
 with almost no memory.
 
-The capture executor claims exactly the operations nvFuser would (the prims listed in
-:mod:`remat.ops`), and flattens every claimed bound symbol to those prims, as nvFuser's own pass does.
+The capture executor claims exactly the operations nvFuser would and flattens every claimed bound symbol
+to those prims, as nvFuser's own pass does (:class:`remat.thunder.regions.ClaimingExecutor`).
 The returned trace therefore holds prims where nvFuser would fuse and torch-executor or sdpa symbols
 elsewhere; :func:`remat.fuse` groups the prims into fusion regions.
 
 Forward and backward parts are told apart the way Thunder's ``split_into_forward_and_backward`` does it
-(see :func:`remat.graph.split_phases`): a bound symbol is *forward* when something the forward returns
+(see :func:`remat.core.ir.split_phases`): a bound symbol is *forward* when something the forward returns
 (the ``fw_flat_out`` entry of the return) or one of its forward producers depends on it; everything else,
 starting from the ``get_grad`` symbols that read the cotangents, is *backward*.
 """
@@ -27,66 +27,36 @@ from typing import Any
 
 import torch
 
-from remat import _compat
+import thunder
+from thunder.core import prims
+from thunder.core.trace import TraceCtx, from_trace
+
 from remat.errors import NoBackwardError, TraceCaptureError
-from remat.ops import NVFUSER_FUSIBLE_PRIMS
+from remat.thunder.attention import attention_executor
+from remat.thunder.regions import ClaimingExecutor
 
-_compat.import_thunder()
-
-import thunder  # noqa: E402
-from thunder.core import prims  # noqa: E402
-from thunder.core.symbol import BoundSymbol  # noqa: E402
-from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
-from thunder.extend import FUEL_LEVEL, FusionExecutor  # noqa: E402
-
-__all__ = ["training_trace", "is_joint_trace", "prim_name"]
+__all__ = ["training_trace", "is_joint_trace", "is_thunder_compiled"]
 
 
-def prim_name(bsym: BoundSymbol) -> str | None:
-    """Lower-case PrimIDs name of a prim bound symbol (``"add"``), or None for non-prims."""
-    sym_id = bsym.sym.id
-    if isinstance(sym_id, prims.PrimIDs):
-        return sym_id.name.lower()
-    return None
+def is_thunder_compiled(obj: Any) -> bool:
+    """Whether ``obj`` was already made by ``thunder.jit`` (a ThunderModule or a jitted function)."""
+    return isinstance(obj, thunder.ThunderModule) or hasattr(obj, "_lc_cd")
 
 
 class _Captured(Exception):
     """Raised by the capture executor to stop compilation once the joint trace is recorded."""
 
 
-class _CaptureExecutor(FusionExecutor):
+class _CaptureExecutor(ClaimingExecutor):
     """A fusion executor that claims what nvFuser would and records the trace it is handed."""
 
     def __init__(self) -> None:
         super().__init__("remat_capture")
-        for name in NVFUSER_FUSIBLE_PRIMS:
-            prim_id = getattr(prims.PrimIDs, name.upper(), None)
-            if prim_id is not None:
-                self.register_supported(prim_id)
         self.captured: TraceCtx | None = None
 
-    def get_fuel(self, amount: int = 1, /) -> bool:
-        return True
-
-    def set_fuel(self, value: int | FUEL_LEVEL) -> None:
-        pass
-
-    def _flatten(self, bsym: BoundSymbol, out: list[BoundSymbol]) -> None:
-        if self.can_execute(bsym):
-            out.append(bsym)
-            return
-        for sub in bsym.subsymbols:
-            self._flatten(sub, out)
-
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
-        flat: list[BoundSymbol] = []
-        for bsym in trace.bound_symbols:
-            if self.can_fuse(bsym) and not self.can_execute(bsym):
-                self._flatten(bsym, flat)
-            else:
-                flat.append(bsym)
         captured = from_trace(trace)
-        captured.bound_symbols = flat
+        captured.bound_symbols = self.flatten(trace.bound_symbols)
         self.captured = captured
         raise _Captured()
 
@@ -126,7 +96,7 @@ def training_trace(
         module_or_fn: a ``torch.nn.Module`` or a Python callable Thunder can trace.
         example_args, example_kwargs: example inputs; tensors may live on the meta device.
         executors: operator executors placed before the capture executor (default: Thunder's ``sdpa``
-            executor, then remat's CPU attention executor (:mod:`remat.attention`), mirroring the GPU
+            executor, then remat's CPU attention executor (:mod:`remat.thunder.attention`), mirroring the GPU
             default ``[sdpa, nvfuser]``).
 
     Raises:
@@ -138,7 +108,7 @@ def training_trace(
         raise TypeError("training_trace expects a torch.nn.Module or a function, got a Thunder trace")
     if not callable(module_or_fn):
         raise TypeError(f"training_trace expects a torch.nn.Module or a callable, got {type(module_or_fn).__name__}")
-    if isinstance(module_or_fn, thunder.ThunderModule) or hasattr(module_or_fn, "_lc_cd"):
+    if is_thunder_compiled(module_or_fn):
         raise TypeError("training_trace expects the plain module or function, not one already wrapped by thunder.jit")
     if not _requires_grad_anywhere(module_or_fn, example_args) and not _requires_grad_anywhere(
         None, tuple(example_kwargs.values())
@@ -150,8 +120,6 @@ def training_trace(
 
     capture = _CaptureExecutor()
     if executors is None:
-        from remat.attention import attention_executor
-
         executors = [*(ex for ex in thunder.get_default_executors() if ex.name == "sdpa"), attention_executor]
     jitted = thunder.jit(module_or_fn, executors=[*executors, capture])
     try:

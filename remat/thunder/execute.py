@@ -11,23 +11,23 @@ outputs and gradients as the original.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import thunder
 import torch
+from thunder.common import CompileData, CompileStats
+from thunder.core import dtypes
+from thunder.core.compile_data import compile_data_and_stats, get_compile_data
+from thunder.core.proxies import NumberProxy, TensorProxy
+from thunder.core.rematerialization import rematerialize
+from thunder.core.trace import TraceCtx
+from thunder.executors.passes import _transform_for_operator_executor_execution
+from thunder.transforms.autodiff import split_into_forward_and_backward
 
-from remat import _compat
 from remat.errors import NoBackwardError
-
-_compat.import_thunder()
-
-import thunder  # noqa: E402
-from thunder.common import CompileData, CompileStats  # noqa: E402
-from thunder.core import dtypes  # noqa: E402
-from thunder.core.compile_data import compile_data_and_stats, get_compile_data  # noqa: E402
-from thunder.core.proxies import NumberProxy, TensorProxy  # noqa: E402
-from thunder.core.trace import TraceCtx  # noqa: E402
 
 __all__ = ["JointResult", "execute_joint", "example_inputs", "split_joint", "thunder_context", "thunder_rematerialize"]
 
@@ -47,10 +47,6 @@ def thunder_context(executors: Sequence[Any] | None = None):
 def thunder_rematerialize(trace: TraceCtx) -> tuple[TraceCtx, float]:
     """Thunder 0.2.6's own ``rematerialize`` on a fused trace (the baseline remat is compared with), and
     the seconds it took."""
-    import time
-
-    from thunder.core.rematerialization import rematerialize
-
     start = time.perf_counter()
     with thunder_context():
         result = rematerialize(trace)
@@ -59,15 +55,11 @@ def thunder_rematerialize(trace: TraceCtx) -> tuple[TraceCtx, float]:
 
 def split_joint(trace: TraceCtx) -> tuple[TraceCtx, TraceCtx | None]:
     """Thunder's forward/backward split of a joint trace."""
-    from thunder.transforms.autodiff import split_into_forward_and_backward
-
     with thunder_context():
         return split_into_forward_and_backward(trace)
 
 
 def _executable(trace: TraceCtx):
-    from thunder.executors.passes import _transform_for_operator_executor_execution
-
     with thunder_context():
         extrace = _transform_for_operator_executor_execution(trace, thunder.get_always_executors())
         return extrace.python_callable()

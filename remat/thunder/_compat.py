@@ -1,4 +1,4 @@
-"""Environment bridges applied once, on ``import remat``, before Thunder is imported.
+"""Environment bridges applied once, when remat first imports Thunder (``import remat.thunder``).
 
 Two facts of the pinned environment need a small bridge (see docs/design.md):
 
@@ -11,7 +11,8 @@ Two facts of the pinned environment need a small bridge (see docs/design.md):
   ``from nvfuser import compute_tensor_descriptor`` in one place.  Where ``nvfuser_direct`` imports and
   ``nvfuser`` does not, we alias the latter to the former.
 
-Both bridges are idempotent and do nothing where they are not needed.
+Both bridges are idempotent and do nothing where they are not needed.  ``import remat`` alone applies
+neither: they come with the first use of something that needs Thunder (see :mod:`remat.thunder`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import importlib.util
 import sys
 
 import torch
+
+__all__ = ["NAMED_TENSOR_METHODS", "apply", "import_thunder", "install_named_tensor_stubs", "alias_nvfuser_direct"]
 
 NAMED_TENSOR_METHODS: tuple[str, ...] = ("align_as", "align_to", "has_names", "refine_names", "rename")
 

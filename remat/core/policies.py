@@ -1,0 +1,109 @@
+"""Policies: values you pass, not global settings.
+
+:class:`RecomputePolicy` (keyword ``recompute=``) says what the planner may recompute in the backward;
+:class:`FusionPolicy` (keyword ``fusion=``) says which operations may join a fusion region, whatever
+runtime then runs the regions (nvFuser on a GPU, the torch reference on a CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from remat.core.ops import NEVER_RECOMPUTE_TAGS, NVFUSER_FUSIBLE_PRIMS, NVFUSER_MATMUL_PRIMS, is_attention
+
+__all__ = ["RecomputePolicy", "FusionPolicy", "check_policy"]
+
+
+@dataclass(frozen=True)
+class RecomputePolicy:
+    """What the solver may recompute in the backward.
+
+    ``matmul`` / ``attention``: allow recomputing matmuls, linears and attention kernels.
+    ``reductions``: allow recomputing reductions (norm statistics, sums; they shrink their input, so
+    saving their output is cheap anyway).  ``random``: allow recomputing *stateful* random ops; never
+    safe, kept for experiments only (stateless ``uniform_philox`` is always recomputable: it reproduces the
+    same numbers).  ``non_fusible``: allow recomputing ops that cannot join a fusion region (they would
+    run as stand-alone kernels in the backward).  Whatever the policy, ops tagged ``in_place``,
+    ``opaque`` or ``no_recompute`` (:func:`remat.core.ops.op_tags`) are never recomputed.
+    """
+
+    matmul: bool = False
+    attention: bool = False
+    reductions: bool = False
+    random: bool = False
+    non_fusible: bool = False
+
+    def allows(self, tags: Iterable[str], fusible: bool = True) -> bool:
+        tags = set(tags)
+        if tags & NEVER_RECOMPUTE_TAGS:
+            return False
+        if "matmul" in tags and not self.matmul:
+            return False
+        if "attention" in tags and not self.attention:
+            return False
+        if "reduction" in tags and not self.reductions:
+            return False
+        if "rng" in tags and not self.random:
+            return False
+        if not fusible and "view" not in tags and not ({"matmul", "attention"} & tags) and not self.non_fusible:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class FusionPolicy:
+    """Which operations may join a fusion region (remat forms regions the way nvFuser would; see
+    :func:`remat.fuse`).
+
+    ``linear`` / ``matmul``: let regions take linear layers / matmuls (nvFuser's ``nv_enable_linear`` and
+    ``nv_enable_matmul`` options); ``"auto"`` lets :func:`remat.jit` / :func:`remat.executor` try both
+    and keep the lower estimated peak (:func:`remat.fuse` itself treats ``"auto"`` as False).  ``sdpa``:
+    let regions take attention kernels.  ``shape_only_regions``: fuse runs made only of shape ops
+    (nvFuser's ``nv_enable_shape_only_fusion``).
+
+    ``transposed_cat``: let a region take a ``cat`` whose operands are all transposed values.  Off by
+    default: the backward of LitGPT's attention ends in such a cat (the q, k, v gradients transposed
+    back and concatenated into the qkv gradient), and nvFuser 0.2.36's resize scheduler ran that region
+    in 392 us on an H200 against 210 us for the same region ending before the cat plus ``torch.cat``
+    (stablecode-3b, seq 4096; ``benchmarks/gpu_cat.py``, docs/benchmarks.md).  The region then outputs
+    the transposed pieces (written contiguously by nvFuser) and ``torch.cat`` joins them: one more
+    buffer of the cat's size is alive for that op, which the memory model sees.
+
+    ``independent_parts``: let one region hold computations that share no tensor (Thunder's regions
+    do: a run of consecutive fusible ops is one region).  Off by default: a run is split into its
+    connected parts (ops linked by a tensor one writes and another reads, or by a tensor both read),
+    one region each.  In LitGPT's backward a bias gradient (a sum over tokens of a linear's output
+    gradient) falls into the run of the layer-norm backward beside it; no single nvFuser scheduler
+    takes both, and nvFuser 0.2.36's segmenter then split the layer-norm backward itself into three
+    kernels where it alone runs as one (see docs/benchmarks.md).
+    """
+
+    linear: bool | str = False
+    matmul: bool | str = False
+    sdpa: bool = False
+    shape_only_regions: bool = False
+    transposed_cat: bool = False
+    independent_parts: bool = False
+
+    def __post_init__(self) -> None:
+        for field_name in ("linear", "matmul"):
+            if getattr(self, field_name) not in (True, False, "auto"):
+                raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts"):
+            if not isinstance(getattr(self, field_name), bool):
+                raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
+
+    def can_fuse_kind(self, kind: str) -> bool:
+        if kind in NVFUSER_MATMUL_PRIMS:
+            return (self.linear if kind == "linear" else self.matmul) is True
+        if kind in NVFUSER_FUSIBLE_PRIMS:
+            return True
+        return self.sdpa and is_attention(kind)
+
+
+def check_policy(value: object, cls: type, keyword: str) -> None:
+    """``None`` or an instance of ``cls``; else a ``TypeError`` naming the keyword (``recompute=`` takes
+    a RecomputePolicy, ``fusion=`` a FusionPolicy)."""
+    if value is not None and not isinstance(value, cls):
+        raise TypeError(f"{keyword}= must be a remat.{cls.__name__}, got {type(value).__name__}")

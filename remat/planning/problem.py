@@ -1,0 +1,211 @@
+"""Stage 3, *problem*: one flow network over the whole forward part of a training graph.
+
+:func:`build_problem` turns a :class:`~remat.core.ir.FusionGraph` (read from a trace, or a plain
+networkx graph adopted by :func:`remat.core.plain.plain_graph`) into a :class:`FlowProblem`: a
+capacitated network whose minimum s-t cut is the cheapest set of forward values to save so that
+everything the backward reads is either saved or recomputable from saved values, parameters and inputs.
+
+Construction (the classical split-node formulation, over the *whole* forward at once):
+
+* every forward value ``t`` (an output of a forward op) becomes two nodes ``in(t) -> out(t)`` joined by an
+  edge of capacity ``save_cost(t)`` (:func:`remat.core.memory.save_cost`: its bytes, or 0 when keeping it
+  costs nothing extra);
+* an op that reads ``s`` and writes ``t`` adds ``out(s) -> in(t)`` with infinite capacity (to have ``t`` in
+  the backward without saving it, its inputs must be there);
+* values of ops that must not be recomputed are pinned to the source: ``SOURCE -> in(t)``, infinite;
+* a forward value read by a backward op is pinned to the sink: ``out(t) -> SINK``, infinite;
+* parameters and inputs are always available and are left out of the network.
+
+A value whose split edge is cut is *saved*; a forward op whose value sits wholly on the sink side and is
+needed by the backward is *recomputed* there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from remat.core.ir import FORWARD, FusionGraph
+from remat.core.memory import save_cost as value_save_cost
+from remat.core.ops import RETURN_KIND
+from remat.core.policies import RecomputePolicy
+from remat.errors import GraphError
+
+__all__ = ["FlowProblem", "build_problem", "SOURCE", "SINK", "INFINITE"]
+
+SOURCE = 0
+SINK = 1
+#: Marker for infinite capacity in :attr:`FlowProblem.capacities` (solvers map it to their own infinity).
+INFINITE = -1
+
+
+@dataclass
+class FlowProblem:
+    """A flow network with nodes ``0`` (source), ``1`` (sink), then ``in``/``out`` nodes of each value.
+
+    ``tails``/``heads``/``capacities`` list the edges (capacity :data:`INFINITE` for pinned and data
+    edges).  ``values[i]`` is the name of the value whose split nodes are ``2 + 2*i`` (in) and
+    ``3 + 2*i`` (out).  ``producer[name]`` is the op node writing a value; ``reads[op]`` the network values
+    an op reads; ``backward_reads`` the values read by backward ops; ``pinned`` the values that may not be
+    recomputed.
+    """
+
+    values: list[str]
+    value_index: dict[str, int]
+    tails: np.ndarray
+    heads: np.ndarray
+    capacities: np.ndarray
+    save_cost: dict[str, int]
+    value_bytes: dict[str, int]
+    producer: dict[str, Hashable]
+    reads: dict[Hashable, tuple[str, ...]]
+    backward_reads: set[str]
+    pinned: set[str]
+    op_flops: dict[Hashable, int] = field(default_factory=dict)
+    unsavable: set[str] = field(default_factory=set)
+
+    @property
+    def num_nodes(self) -> int:
+        return 2 + 2 * len(self.values)
+
+    def in_node(self, name: str) -> int:
+        return 2 + 2 * self.value_index[name]
+
+    def out_node(self, name: str) -> int:
+        return 3 + 2 * self.value_index[name]
+
+
+def build_problem(
+    graph: FusionGraph,
+    recompute: RecomputePolicy | None = None,
+    *,
+    priced: RecomputePolicy | None = None,
+    recompute_price: float = 0.0,
+    weights: Mapping[str, float] | None = None,
+) -> FlowProblem:
+    """Build the flow network of ``graph`` (see the module docstring).  ``recompute`` says what may be
+    recomputed (default :class:`~remat.RecomputePolicy()`); ops that read a buffer written in place
+    later (:attr:`FusionGraph.mutation_hazards`) never are.
+
+    Trading compute for memory (used by :mod:`remat.planning.budget`): ops that ``recompute`` does not
+    allow but ``priced`` does may be recomputed at a price: ``SOURCE -> in(t)`` gets capacity
+    ``recompute_price * flops`` (bytes per FLOP; split evenly over the op's outputs), so the cut pays for
+    their FLOPs instead of being forbidden them.  ``weights`` scales the save cost of named values (the
+    peak-aware search makes values that are not alive at the peak cheap to keep).
+    """
+    if graph.ops is None:
+        raise GraphError("this FusionGraph was read without operations; the solver needs them (remat.read_trace(trace))")
+    policy = recompute or RecomputePolicy()
+    weights = weights or {}
+    hazards = graph.mutation_hazards
+    tensors = graph.tensors
+    held = set(graph.forward_outputs)
+    values: list[str] = []
+    value_index: dict[str, int] = {}
+    save_cost: dict[str, int] = {}
+    value_bytes: dict[str, int] = {}
+    producer: dict[str, Hashable] = {}
+    pinned: set[str] = set()
+    unsavable: set[str] = set()
+    op_flops: dict[Hashable, int] = {}
+
+    price: dict[str, int] = {}  # value -> capacity of SOURCE -> in(value) for priced recomputation
+    for op in graph.ops:
+        if op.phase != FORWARD or op.kind == RETURN_KIND or op.is_input or op.is_param:
+            continue
+        if op.id in hazards:  # reads a buffer that is written in place later: never recomputed
+            allowed = False
+        elif op.recompute is None:
+            allowed = policy.allows(op.tags, op.fusible)
+            if not allowed and priced is not None and priced.allows(op.tags, op.fusible) and math.isfinite(recompute_price):
+                share = recompute_price * op.flops / max(len(op.outputs), 1)
+                for name in op.outputs:
+                    price[name] = max(int(round(share)), 1)
+                allowed = True
+        else:
+            allowed = op.recompute == "allowed"
+        op_flops[op.id] = op.flops
+        for name, nbytes in zip(op.outputs, op.output_bytes):
+            info = tensors.get(name)
+            if info is not None and info.kind in ("param", "input"):
+                continue
+            cost = value_save_cost(graph, name, held=held)
+            if name in weights:
+                cost = int(round(cost * weights[name]))
+            value_index[name] = len(values)
+            values.append(name)
+            save_cost[name] = cost
+            value_bytes[name] = nbytes
+            producer[name] = op.id
+            if not allowed:
+                pinned.add(name)
+            if not op.savable:
+                unsavable.add(name)
+
+    tails: list[int] = []
+    heads: list[int] = []
+    caps: list[int] = []
+    for name, i in value_index.items():
+        tails.append(2 + 2 * i)
+        heads.append(3 + 2 * i)
+        caps.append(INFINITE if name in unsavable else save_cost[name])
+        if name in pinned:
+            tails.append(SOURCE)
+            heads.append(2 + 2 * i)
+            caps.append(INFINITE)
+        elif name in price:
+            tails.append(SOURCE)
+            heads.append(2 + 2 * i)
+            caps.append(price[name])
+
+    reads: dict[Hashable, tuple[str, ...]] = {}
+    backward_reads: set[str] = set()
+    for op in graph.ops:
+        if op.kind == RETURN_KIND:
+            continue
+        # Names are matched with their producer: a backward region may recompute a forward value under
+        # the forward's name (Thunder does this); reading that copy is not a read of the forward value.
+        read = tuple(
+            dict.fromkeys(
+                name
+                for name, src in zip(op.inputs, op.input_nodes)
+                if name in value_index and producer[name] == src
+            )
+        )
+        if not read:
+            continue
+        if op.phase == FORWARD:
+            reads[op.id] = read
+            for out in op.outputs:
+                j = value_index.get(out)
+                if j is None:
+                    continue
+                for name in read:
+                    tails.append(3 + 2 * value_index[name])
+                    heads.append(2 + 2 * j)
+                    caps.append(INFINITE)
+        else:
+            for name in read:
+                backward_reads.add(name)
+                tails.append(3 + 2 * value_index[name])
+                heads.append(SINK)
+                caps.append(INFINITE)
+
+    return FlowProblem(
+        values=values,
+        value_index=value_index,
+        tails=np.asarray(tails, dtype=np.int64),
+        heads=np.asarray(heads, dtype=np.int64),
+        capacities=np.asarray(caps, dtype=np.int64),
+        save_cost=save_cost,
+        value_bytes=value_bytes,
+        producer=producer,
+        reads=reads,
+        backward_reads=backward_reads,
+        pinned=pinned,
+        op_flops=op_flops,
+        unsavable=unsavable,
+    )

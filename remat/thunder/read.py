@@ -1,0 +1,498 @@
+"""Stage 2, *graph*: a Thunder trace read into the IR (:class:`remat.core.ir.FusionGraph`).
+
+:func:`read_trace` (``remat.read_trace``) reads a trace once, in phases:
+
+1. *units*: one per top-level bound symbol (comments and deletes carry no data), with what it reads and
+   writes; the forward outputs and gradients from the return;
+2. *phases*: forward or backward, by Thunder's split rule (:func:`remat.core.ir.split_phases`);
+3. *tensors and operations*: every value as a :class:`~remat.core.ir.TensorInfo` (views resolved to the
+   storage they keep alive by the rules of :mod:`remat.core.views`), every operation as an
+   :class:`~remat.core.ir.Op`;
+4. the frozen :class:`FusionGraph`, whose ``origin`` (:class:`TraceOrigin`) keeps the bound symbols
+   behind its ops and units for the rewrite.
+
+The one place that maps a bound symbol to an op kind is :func:`op_kind`; its tags and fusibility come
+from the op table (:mod:`remat.core.ops`) through :func:`symbol_facts`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import thunder  # noqa: F401  (remat.thunder applied the compat bridge first)
+from thunder.core import prims
+from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy
+from thunder.core.pytree import tree_flatten
+from thunder.core.symbol import BoundSymbol, has_tags
+from thunder.core.trace import TraceCtx, TraceTag
+from thunder.executors import pythonex, torchex
+
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
+from remat.core.ops import (
+    ALIASING_PRIMS,
+    BOOKKEEPING_KINDS,
+    COTANGENT_KIND,
+    FUSION_KIND,
+    INPUT_KINDS,
+    NVFUSER_FUSIBLE_PRIMS,
+    RETURN_KIND,
+    SIDE_EFFECT_KINDS,
+    estimate_flops,
+    is_known_kind,
+    op_tags,
+)
+from remat.core.views import ViewFacts, alias_base, member_view, region_views, view_layout
+from remat.errors import UnsupportedTraceError
+
+__all__ = ["TraceOrigin", "read_trace", "op_kind", "symbol_facts", "tensor_facts", "check_trace"]
+
+
+@dataclass(frozen=True, eq=False)
+class TraceOrigin:
+    """What a trace graph was read from: the trace, the bound symbol behind each op node (by node id)
+    and each unit (by unit index), and caches a re-read of a rewritten trace may reuse (per-name tensor
+    facts; the views of each region bound symbol, by ``id``)."""
+
+    trace: TraceCtx
+    op_bsyms: tuple[BoundSymbol, ...] | None
+    unit_bsyms: tuple[BoundSymbol, ...]
+    facts: dict[str, tuple[tuple[int, ...], str, int]] = field(default_factory=dict)
+    region_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = field(default_factory=dict)
+
+
+def op_kind(bsym: BoundSymbol) -> str:
+    """The op kind remat classifies by: the lower-case PrimIDs name for prims, ``"fusion"`` for fusion
+    regions, else the symbol id."""
+    sym_id = bsym.sym.id
+    if isinstance(sym_id, prims.PrimIDs):
+        return sym_id.name.lower()
+    if bsym.sym.is_fusion:
+        return FUSION_KIND
+    return str(sym_id)
+
+
+@functools.lru_cache(maxsize=1)
+def thunder_kinds() -> frozenset[str]:
+    """Names of Thunder's prims and of the operators its torch and Python executors register: ops whose
+    meaning Thunder defines (functional, apart from the in-place family)."""
+    return frozenset(p.name.lower() for p in prims.PrimIDs) | frozenset(torchex.ex.opmap) | frozenset(pythonex.ex.opmap)
+
+
+_SYMBOL_FACTS: dict[Any, tuple[str, frozenset[str], bool]] = {}
+
+
+def symbol_facts(bsym: BoundSymbol) -> tuple[str, frozenset[str], bool]:
+    """``(kind, tags, fusible)`` of a bound symbol's symbol, from the op table; cached per symbol."""
+    sym = bsym.sym
+    try:
+        return _SYMBOL_FACTS[sym]
+    except (KeyError, TypeError):
+        pass
+    kind = op_kind(bsym)
+    thunder_tags = tuple(t.name.lower() for t in (sym.tags or ()) if hasattr(t, "name"))
+    known = is_known_kind(kind) or kind in thunder_kinds()
+    facts = (kind, op_tags(kind, thunder_tags, known=known), kind in NVFUSER_FUSIBLE_PRIMS)
+    if not sym.is_fusion:  # fusion symbols are made per region; don't keep them alive
+        try:
+            _SYMBOL_FACTS[sym] = facts
+        except TypeError:
+            pass
+    return facts
+
+
+_SIDE_EFFECT_TAGS = frozenset({prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE})
+
+
+def _has_side_effect(bsym: BoundSymbol, kind: str) -> bool:
+    if kind in SIDE_EFFECT_KINDS:
+        return True
+    if not bsym.subsymbols and not bsym.tags:  # the common case (a prim in a region): the symbol's tags
+        tags = bsym.sym.tags
+        return bool(tags) and not _SIDE_EFFECT_TAGS.isdisjoint(tags)
+    return has_tags(bsym, set(_SIDE_EFFECT_TAGS))
+
+
+def _symbolic_dims(proxy: TensorProxy, shape: Sequence[Any]) -> str:
+    return ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
+
+
+def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
+    """``(shape, dtype name, bytes)`` of a proxy (numbers: ``((), type name, 0)``).  Raises
+    :class:`remat.UnsupportedTraceError` for symbolic shapes."""
+    if isinstance(proxy, TensorProxy):
+        # ``_shape`` is what the public ``shape`` property returns outside symbolic tracing; reading it
+        # directly skips a compile-data lookup per call (this runs for every tensor of every trace).
+        shape = tuple(getattr(proxy, "_shape", None) or proxy.shape)
+        numel = 1
+        for d in shape:
+            if type(d) is not int:
+                raise UnsupportedTraceError(
+                    f"tensor {proxy.name} has a symbolic shape ({_symbolic_dims(proxy, shape)}); remat models static "
+                    "shapes only (trace with thunder.jit's default cache option, not 'symbolic values')"
+                )
+            numel *= d
+        dtype = proxy.dtype
+        return shape, _dtype_name(dtype), numel * dtype.bytes
+    return (), type(proxy).__name__, 0
+
+
+def check_trace(trace: TraceCtx) -> str | None:
+    """Why remat cannot plan ``trace`` (a tensor with a symbolic shape, from ``thunder.jit(...,
+    cache="symbolic values")``), else None.  Reads only shapes: cheap enough to run before anything."""
+
+    def check(proxy) -> str | None:
+        if isinstance(proxy, TensorProxy):
+            shape = getattr(proxy, "_shape", None) or ()
+            if any(type(d) is not int for d in shape):
+                return (
+                    f"tensor {proxy.name} has a symbolic shape ({_symbolic_dims(proxy, shape)}); remat plans static "
+                    "shapes only (thunder.jit's default cache option)"
+                )
+        return None
+
+    for proxy in trace.args:
+        found = check(proxy)
+        if found:
+            return found
+    for bsym in trace.bound_symbols:
+        for proxy in bsym.flat_proxy_outs:
+            found = check(proxy)
+            if found:
+                return found
+    return None
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        short = getattr(dtype, "shortname", None)
+        name = _DTYPE_NAMES[dtype] = short() if callable(short) else str(dtype)
+    return name
+
+
+def _static_shape(proxy: TensorProxy) -> tuple[int, ...]:
+    return tuple(getattr(proxy, "_shape", None) or proxy.shape)
+
+
+def _view_facts(bsym: BoundSymbol, kind: str, shape_of: Callable[[Proxy], tuple[int, ...]]) -> ViewFacts | None:
+    """What the view rules need of an aliasing prim (view prims take the tensor first and shapes, dims
+    or indices after, and write one tensor); None for other ops."""
+    if kind not in ALIASING_PRIMS or not bsym.args:
+        return None
+    source, out = bsym.args[0], bsym.output
+    if not isinstance(source, TensorProxy) or not isinstance(out, TensorProxy):
+        return None
+    return ViewFacts(source.name, out.name, shape_of(source), shape_of(out), (source.name, *bsym.args[1:]))
+
+
+def _stand_alone_view_base(bsym: BoundSymbol, kind: str, source: str, tensors: dict, strides: dict, shape_of) -> str | None:
+    """Storage a stand-alone view op's output lives in, following PyTorch: a view shares its input's
+    storage, except a ``reshape`` that no strides over the input can express, which copies (None: fresh
+    storage)."""
+    out = next((p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)), None)
+    inp = bsym.flat_proxy_args[0] if bsym.flat_proxy_args else None
+    if out is None or not isinstance(inp, TensorProxy):
+        return alias_base(source, tensors)
+    if not view_layout(kind, ViewFacts(source, out.name, shape_of(inp), shape_of(out), tuple(bsym.args)), strides):
+        return None
+    return alias_base(source, tensors)
+
+
+def _region_views(
+    members: Sequence[tuple[str, ViewFacts | None]], inputs, outputs, tensors: dict, strides: dict
+) -> dict[str, str]:
+    """The region rule (:func:`remat.core.views.region_views`) on a region's members, given as
+    ``(kind, view facts)`` pairs."""
+
+    def candidates() -> Iterator[tuple[str, tuple[str, ...], tuple[str, ViewFacts]]]:
+        for kind, facts in members:
+            if facts is not None:
+                yield facts.source, (facts.output,), (kind, facts)
+
+    return region_views(
+        candidates(), set(inputs) | set(outputs), lambda name: alias_base(name, tensors),
+        lambda member: member_view(member[0], member[1], strides),
+    )
+
+
+_UNIT_KINDS = {RETURN_KIND: "return", COTANGENT_KIND: "cotangent"}
+
+
+def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph | None = None) -> FusionGraph:
+    """Read a Thunder trace (joint forward+backward, forward-only, or fused) into a :class:`FusionGraph`.
+
+    With ``ops=False`` only units and tensors are read (enough for the memory model, and faster).
+    ``derived_from``: a graph of the trace this one was rewritten from (remat's own rewrite), whose
+    per-name tensor facts and per-region views may be reused: a rewrite gives new values new names and
+    keeps unchanged regions as the same bound symbols.
+
+    Raises ``TypeError`` (not a trace) and :class:`remat.UnsupportedTraceError` (an empty trace, symbolic
+    shapes)."""
+    if not isinstance(trace, TraceCtx):
+        hint = " Call remat.training_trace(module, *args) first." if callable(trace) else ""
+        raise TypeError(f"expected a Thunder trace (thunder.core.trace.TraceCtx), got {type(trace).__name__}.{hint}")
+    bsyms = list(trace.bound_symbols)
+    if not bsyms:
+        raise UnsupportedTraceError("the trace has no bound symbols")
+    trace_args = {p.name: p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)}
+
+    # ---- phase 1: units, one per top-level bound symbol (comments and deletes carry no data)
+    raw: list[tuple[BoundSymbol, str, str, tuple[str, ...], tuple[str, ...]]] = []
+    for bsym in bsyms:
+        kind = op_kind(bsym)
+        if kind in BOOKKEEPING_KINDS:
+            continue
+        if kind in _UNIT_KINDS:
+            unit_kind = _UNIT_KINDS[kind]
+        elif kind in INPUT_KINDS:
+            unit_kind = "input"
+        elif bsym.sym.is_fusion:
+            unit_kind = "region"
+        else:
+            unit_kind = "op"
+        outs = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_outs))
+        if unit_kind in ("input", "cotangent"):
+            # unpack_trivial "reads" the name it defines; get_grad names the forward output whose
+            # cotangent it reads, but does not read that output's data.
+            ins: tuple[str, ...] = ()
+        else:
+            ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args))
+        raw.append((bsym, kind, unit_kind, ins, outs))
+
+    return_bsym = raw[-1][0] if raw and raw[-1][2] == "return" else None
+    forward_outputs: tuple[str, ...] = ()
+    gradients: tuple[str, ...] = ()
+    explicit_saved: tuple[str, ...] | None = None
+    is_joint = False
+    if return_bsym is not None and return_bsym.args and isinstance(return_bsym.args[0], dict):
+        ret = return_bsym.args[0]
+        if "fw_flat_out" in ret:
+            is_joint = True
+            forward_outputs = tuple(p.name for p in tree_flatten(ret["fw_flat_out"])[0] if isinstance(p, Proxy))
+            gradients = tuple(p.name for p in tree_flatten(ret.get("output", ()))[0] if isinstance(p, Proxy))
+    if not is_joint and TraceTag.AUGMENTED_FORWARD in getattr(trace, "tags", set()) and return_bsym is not None:
+        # Thunder's forward trace after the split returns (outputs, (saved_tensors, saved_other)).
+        try:
+            explicit_saved = tuple(p.name for p in tree_flatten(return_bsym.args[1])[0] if isinstance(p, TensorProxy))
+        except (IndexError, TypeError):
+            explicit_saved = None
+
+    # ---- phase 2: forward or backward
+    kinds = [r[2] for r in raw]
+    if is_joint:
+        seed = set(forward_outputs) | set(trace_args)
+        copy_targets = [
+            (r[0].args[1].name if r[1] == "copy_" and len(r[0].args) > 1 and isinstance(r[0].args[1], Proxy) else None)
+            for r in raw
+        ]
+        phases = split_phases([r[4] for r in raw], [r[3] for r in raw], kinds, seed, copy_targets)
+    else:
+        phases = [FORWARD] * len(raw)
+
+    # ---- phase 3: tensors and operations
+    reader = _Reader(derived_from)
+    for name, proxy in trace_args.items():
+        is_param = isinstance(proxy, TensorProxy) and (
+            proxy.requires_grad or ProxyTag.STATIC_MEMORY_LOCATION in getattr(proxy, "tags", ())
+        )
+        reader.register(proxy, "param" if is_param else "input", None, None, FORWARD)
+    for unit_index, ((bsym, kind, unit_kind, ins, outs), phase) in enumerate(zip(raw, phases)):
+        if ops:
+            reader.read_unit_ops(unit_index, bsym, unit_kind, ins, outs, phase)
+        else:
+            reader.read_unit(unit_index, bsym, kind, unit_kind, ins, outs, phase)
+
+    # ---- phase 4: the graph
+    origin = TraceOrigin(
+        trace,
+        tuple(reader.op_bsyms) if ops else None,
+        tuple(r[0] for r in raw),
+        reader.facts_cache,
+        reader.region_views_by_id,
+    )
+    return FusionGraph(
+        reader.units,
+        reader.tensors,
+        reader.ops if ops else None,
+        forward_outputs=forward_outputs,
+        gradients=gradients,
+        is_joint=is_joint,
+        explicit_saved=explicit_saved,
+        strides=reader.strides,
+        origin=origin,
+    )
+
+
+class _Reader:
+    """The state of phase 3 of :func:`read_trace`: tensors, ops and units as they are read."""
+
+    def __init__(self, derived_from: FusionGraph | None) -> None:
+        self.tensors: dict[str, TensorInfo] = {}
+        self.ops: list[Op] = []
+        self.op_bsyms: list[BoundSymbol] = []  # node id -> the bound symbol it stands for
+        self.units: list[Unit] = []
+        self.producer_node: dict[str, int] = {}  # producers visible at unit level
+        self.facts_cache: dict[str, tuple[tuple[int, ...], str, int]] = {}
+        self.strides: dict[str, tuple[int, ...]] = {}  # views that are not contiguous in memory
+        self.known_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}  # id(region) -> (region, views)
+        self.region_views_by_id: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}
+        origin = derived_from.origin if derived_from is not None else None
+        if isinstance(origin, TraceOrigin):
+            self.facts_cache.update(origin.facts)
+            self.strides.update(derived_from.strides)
+            self.known_views = origin.region_views
+
+    def facts(self, proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
+        cached = self.facts_cache.get(proxy.name)
+        if cached is None:
+            cached = self.facts_cache[proxy.name] = tensor_facts(proxy)
+        return cached
+
+    def shape_of(self, proxy: Proxy) -> tuple[int, ...]:
+        cached = self.facts_cache.get(proxy.name)
+        # region-internal values are not always registered: read their shape without the other facts
+        return cached[0] if cached is not None else _static_shape(proxy)
+
+    def register(self, proxy: Proxy, kind: str, unit_index: int | None, node: int | None, phase: str, alias_of=None) -> None:
+        if not isinstance(proxy, (TensorProxy, NumberProxy)):
+            return
+        shape, dtype, nbytes = self.facts(proxy)
+        if isinstance(proxy, NumberProxy):
+            kind = "number"
+        self.tensors[proxy.name] = TensorInfo(proxy.name, shape, dtype, nbytes, kind, unit_index, node, phase, alias_of)
+
+    def _stand_alone_base(self, bsym: BoundSymbol, kind: str, tags: frozenset[str], ins: Sequence[str]) -> str | None:
+        if "view" in tags and ins:
+            return _stand_alone_view_base(bsym, kind, ins[0], self.tensors, self.strides, self.shape_of)
+        return None
+
+    def _views_of(self, region: BoundSymbol, members, ins, outs) -> dict[str, str]:
+        known = self.known_views.get(id(region))
+        if known is not None and known[0] is region:
+            views = known[1]
+        else:
+            views = _region_views(members, ins, outs, self.tensors, self.strides)
+        self.region_views_by_id[id(region)] = (region, views)
+        return views
+
+    def read_unit(self, unit_index: int, bsym: BoundSymbol, kind: str, unit_kind: str, ins, outs, phase: str) -> None:
+        """Units and tensors only (``ops=False``: what the memory model reads)."""
+        alias = None
+        region_views: dict[str, str] = {}
+        if unit_kind == "op":
+            alias = self._stand_alone_base(bsym, kind, symbol_facts(bsym)[1], ins)
+        elif unit_kind == "region":
+            members = []
+            if id(bsym) not in self.known_views:
+                members = [(k, _view_facts(m, k, self.shape_of)) for m in bsym.subsymbols for k in [symbol_facts(m)[0]]]
+            region_views = self._views_of(bsym, members, ins, outs)
+        for p in bsym.flat_proxy_outs:
+            if p.name in ins:
+                continue
+            if unit_kind == "input":
+                existing = self.tensors.get(p.name)
+                if existing is not None:
+                    self.tensors[p.name] = existing._replace(producer_unit=unit_index)
+                    continue
+                self.register(p, "input", unit_index, None, phase)
+            elif unit_kind == "cotangent":
+                self.register(p, "cotangent", unit_index, None, phase)
+            else:
+                self.register(p, "activation", unit_index, None, phase, alias or region_views.get(p.name))
+        self.units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, (), 0))
+
+    def read_unit_ops(self, unit_index: int, bsym: BoundSymbol, unit_kind: str, ins, outs, phase: str) -> None:
+        """Units, tensors and one :class:`Op` per operation."""
+        tensors, facts_cache = self.tensors, self.facts_cache
+        is_region = unit_kind == "region"
+        members = list(bsym.subsymbols) if is_region else [bsym]
+        member_facts = [symbol_facts(m) for m in members]
+        member_views = [_view_facts(m, f[0], self.shape_of) if is_region else None for m, f in zip(members, member_facts)]
+        region_name = bsym.sym.name if is_region else None
+        region_views = self._views_of(bsym, [(f[0], v) for f, v in zip(member_facts, member_views)], ins, outs) if is_region else {}
+        local_producer: dict[str, int] = {}
+        nodes: list[int] = []
+        unit_flops = 0
+        unit_tags: set[str] = set()
+        for op, (okind, tags, fusible), view in zip(members, member_facts, member_views):
+            if (okind in BOOKKEEPING_KINDS or okind == RETURN_KIND) and unit_kind != "return":
+                continue
+            node_id = len(self.ops)
+            arg_proxies = op.flat_proxy_args  # (proxy names are a property: read each once)
+            arg_names = [p.name for p in arg_proxies]
+            op_ins = ins if unit_kind in ("input", "cotangent") else tuple(dict.fromkeys(arg_names))
+            op_out_proxies = []
+            out_sizes = {}
+            out_shapes = []
+            for p in op.flat_proxy_outs:
+                name = p.name
+                if name in op_ins:
+                    continue
+                op_out_proxies.append(p)
+                known = facts_cache.get(name) or self.facts(p)
+                out_sizes[name] = known[2]
+                if isinstance(p, TensorProxy):
+                    out_shapes.append(known[0])
+            op_outs = tuple(out_sizes)
+            in_shapes = [
+                (facts_cache.get(n) or self.facts(p))[0] for p, n in zip(arg_proxies, arg_names) if isinstance(p, TensorProxy)
+            ]
+            flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD)
+            is_input = unit_kind == "input"
+            self.ops.append(
+                Op(
+                    id=node_id,
+                    kind=okind,
+                    unit=unit_index,
+                    region=region_name,
+                    phase=phase,
+                    inputs=op_ins,
+                    input_nodes=tuple(local_producer.get(n, self.producer_node.get(n)) for n in op_ins),
+                    outputs=op_outs,
+                    output_bytes=tuple(out_sizes.values()),
+                    flops=flops,
+                    tags=tags,
+                    fusible=fusible,
+                    is_input=is_input,
+                    is_param=is_input and any(t in tensors and tensors[t].kind == "param" for t in op_outs),
+                    side_effect=_has_side_effect(op, okind),
+                    view=view,
+                )
+            )
+            self.op_bsyms.append(op)
+            for name in op_outs:
+                local_producer[name] = node_id
+            alias = self._stand_alone_base(op, okind, tags, op_ins) if unit_kind == "op" else None
+            for p in op_out_proxies:
+                if unit_kind == "input":
+                    existing = tensors.get(p.name)
+                    if existing is not None:
+                        tensors[p.name] = existing._replace(producer_unit=unit_index, producer_node=node_id)
+                        continue
+                    self.register(p, "input", unit_index, node_id, phase)
+                elif unit_kind == "cotangent":
+                    self.register(p, "cotangent", unit_index, node_id, phase)
+                elif is_region and p.name in tensors:
+                    # Thunder's own rematerialization recomputes values under their original names
+                    # inside backward regions; the first (visible) producer keeps the name.
+                    continue
+                else:
+                    self.register(p, "activation", unit_index, node_id, phase, alias or region_views.get(p.name))
+            nodes.append(node_id)
+            unit_flops += flops
+            unit_tags |= tags
+        if is_region:
+            for p in bsym.flat_proxy_outs:
+                info = tensors.get(p.name)
+                if info is None or info.producer_unit != unit_index:
+                    self.register(p, "activation", unit_index, local_producer.get(p.name), phase, region_views.get(p.name))
+        for name in outs:
+            if name in local_producer:
+                self.producer_node[name] = local_producer[name]
+        self.units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, tuple(nodes), unit_flops, frozenset(unit_tags)))

@@ -1,0 +1,150 @@
+"""Stage 6, *rewrite*: a plan layout made into a Thunder trace.
+
+:func:`apply_plan` applies a :class:`remat.Plan` to the trace its graph was read from, following the
+layout :func:`remat.core.layout.plan_layout` decides (the module docstring there says what changes).
+Recomputed prims inside a region keep their forward names, as Thunder's own rematerialization does:
+they are internal to the region and invisible to the split.  Changed regions keep the executor (and so
+the runtime) that made them; new recompute regions use the trace's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from thunder.core import prims
+from thunder.core.proxies import Proxy, TensorProxy, variableify
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
+
+from remat.core.ir import FusionGraph
+from remat.core.layout import Layout, PlanLike, RegionNames, plan_layout
+from remat.thunder.read import TraceOrigin
+from remat.thunder.regions import RegionExecutor, default_region_executor, make_region, region_io
+
+__all__ = ["RewriteResult", "apply_plan"]
+
+
+@dataclass
+class RewriteResult:
+    """``placements`` maps each region of the new trace that recomputes something to the op nodes (ids
+    in the original graph) it recomputes; ``recompute_regions`` counts the new regions."""
+
+    trace: TraceCtx
+    extra_flops: int
+    recompute_regions: int
+    notes: list[str] = field(default_factory=list)
+    placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def _owner(region: BoundSymbol, default: RegionExecutor) -> RegionExecutor:
+    """The executor that made ``region`` (so a rebuilt region keeps its backend, e.g. nvFuser)."""
+    owner = region.sym.executor
+    return owner if isinstance(owner, RegionExecutor) else default
+
+
+def _trace_executor(trace: TraceCtx) -> RegionExecutor | None:
+    for bsym in trace.bound_symbols:
+        if bsym.sym.is_fusion and isinstance(bsym.sym.executor, RegionExecutor):
+            return bsym.sym.executor
+    return None
+
+
+def _proxy_map(bsyms: Sequence[BoundSymbol]) -> dict[str, Proxy]:
+    found: dict[str, Proxy] = {}
+    for bsym in bsyms:
+        for p in bsym.flat_proxy_args:
+            found.setdefault(p.name, p)
+        for p in bsym.flat_proxy_outs:
+            found.setdefault(p.name, p)
+    return found
+
+
+def _thunder_region_io(bsyms: Sequence[BoundSymbol], outputs: Sequence[str]) -> tuple[list[Proxy], list[Proxy]]:
+    """Region inputs, and the proxies of ``outputs`` in that order."""
+    inputs, written = region_io(bsyms, outputs)
+    by_name = {p.name: p for p in written}
+    return inputs, [by_name[name] for name in outputs]
+
+
+def apply_plan(
+    trace: TraceCtx,
+    graph: FusionGraph,
+    plan: PlanLike,
+    *,
+    executor: RegionExecutor | None = None,
+    layout: Layout | None = None,
+) -> RewriteResult:
+    """Rewrite ``trace`` (the trace ``graph`` was built from) to follow ``plan``.  Changed regions keep
+    the executor (and so the backend) that made them; new regions use ``executor``, by default the one
+    that made the trace's regions."""
+    origin = graph.origin
+    if graph.ops is None or not isinstance(origin, TraceOrigin) or origin.op_bsyms is None:
+        raise ValueError("apply_plan needs a FusionGraph read from a trace with its operations (remat.read_trace)")
+    executor = executor or _trace_executor(trace) or default_region_executor()
+    layout = layout or plan_layout(graph, plan)
+    edit_of = {id(origin.unit_bsyms[e.index]): e for e in layout.edits}
+    op_bsyms = origin.op_bsyms
+    new_trace = from_trace(trace)
+    names = RegionNames(b.sym.name for b in trace.bound_symbols if b.sym.is_fusion)
+    new_bsyms: list[BoundSymbol] = []
+    recompute_regions = 0
+    hoisted_count = 0
+    placements: dict[str, tuple[int, ...]] = {}
+
+    for bsym in trace.bound_symbols:
+        edit = edit_of.get(id(bsym))
+        if edit is None or edit.action == "keep":  # comments, deletes, unchanged units
+            new_bsyms.append(bsym)
+            continue
+        if edit.action == "drop":
+            continue
+        owner = _owner(bsym, executor)
+        hoisted = set(edit.hoisted)
+        if edit.action == "rebuild":
+            members = [op_bsyms[n] for n in edit.nodes]
+            outputs = [name for name in edit.outputs if not _writes(op_bsyms, hoisted, name)]
+            inputs, out_proxies = _thunder_region_io(members, outputs)
+            new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
+        elif edit.action == "recompute_into":
+            members = [op_bsyms[n] for n in edit.recompute] + list(bsym.subsymbols)
+            outputs = [p.name for p in bsym.flat_proxy_outs if not _writes(op_bsyms, hoisted, p.name)]
+            inputs, out_proxies = _thunder_region_io(members, outputs)
+            new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
+            placements[bsym.sym.name] = edit.recompute
+        else:  # recompute_before: a new region hands the values out under fresh names (no-op copies)
+            members = [op_bsyms[n] for n in edit.recompute]
+            proxies = _proxy_map(members)
+            swap: dict = {}
+            copies: list[BoundSymbol] = []
+            with tracectx(new_trace):
+                for name in edit.reads:
+                    original = proxies[name]
+                    fresh = TensorProxy(like=original)
+                    copies.append(prims.shallow_copy.bind(original, output=fresh))
+                    swap[variableify(original)] = fresh
+            region_members = members + copies
+            inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
+            region = make_region(executor, names.new_name(), region_members, inputs, out_proxies)
+            new_bsyms.append(region)
+            placements[region.sym.name] = edit.recompute
+            recompute_regions += 1
+            new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
+            continue
+        new_bsyms.extend(op_bsyms[n] for n in edit.hoisted)
+        hoisted_count += len(edit.hoisted)
+
+    new_trace.bound_symbols = new_bsyms
+    new_trace.set_provenance(
+        TraceProvenance(
+            f"remat.optimize: saved {len(plan.saved)} values, recomputing {len(plan.recomputed_values)} in the backward"
+        )
+    )
+    notes = [f"{hoisted_count} region outputs that were views of other outputs or inputs now alias them"] if hoisted_count else []
+    return RewriteResult(new_trace, layout.extra_flops, recompute_regions, notes, placements)
+
+
+def _writes(op_bsyms, nodes: set[int], name: str) -> bool:
+    return any(name in (p.name for p in op_bsyms[n].flat_proxy_outs) for n in nodes)
+
+

@@ -1,0 +1,106 @@
+"""Region runtimes: what runs a fusion region (keyword ``runtime=`` of ``remat.jit`` / ``remat.executor``).
+
+``"torch"``: the region's prims become a small Thunder trace, mapped to Thunder's torch executor and
+turned into a Python function (no compilation).  It is the CPU reference: exact eager PyTorch
+numerics, no fusion speed-up.  The function is built on the region's first call, so forming regions and
+planning stay cheap.
+``"nvfuser"``: the region as an nvFuser FusionDefinition (:mod:`remat.thunder.nvfuser`), with the torch
+reference as its fallback.
+``"auto"``: nvFuser where it imports and CUDA is available, else torch (with one warning when nvFuser is
+installed but unusable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import warnings
+
+import thunder
+from thunder.core import prims
+from thunder.core.codeutils import SigInfo
+from thunder.core.proxies import Proxy
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, tracectx
+from thunder.executors.passes import _transform_for_operator_executor_execution, del_last_used
+
+from remat.thunder import nvfuser
+from remat.thunder.execute import thunder_context
+
+__all__ = ["RUNTIMES", "resolve_runtime", "region_callable", "region_trace", "TorchRegionCallable"]
+
+#: The values of ``runtime=``.
+RUNTIMES = ("auto", "torch", "nvfuser")
+
+
+def resolve_runtime(runtime: str) -> str:
+    """``"torch"`` or ``"nvfuser"`` for a value of ``runtime=`` (see the module docstring).  Raises
+    ``ValueError`` for an unknown name and ``RuntimeError`` for ``"nvfuser"`` where it cannot run."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
+    if runtime == "nvfuser":
+        if not nvfuser.available():
+            raise RuntimeError("runtime='nvfuser' needs nvfuser_direct and a CUDA device; use runtime='auto' or 'torch'")
+        return runtime
+    if runtime == "torch":
+        return runtime
+    if nvfuser.available():
+        return "nvfuser"
+    if nvfuser.version() is not None:
+        warnings.warn("nvFuser is installed but CUDA is not available: remat runs regions with the torch executor", stacklevel=4)
+    return "torch"
+
+
+def region_callable(region: BoundSymbol, runtime: str):
+    """The callable that runs ``region`` with a resolved ``runtime`` (``"torch"`` or ``"nvfuser"``)."""
+    reference = TorchRegionCallable(region.sym.name, region.subsymbols, region.args, region.output)
+    if runtime == "nvfuser":
+        return nvfuser.NvFuserRegionCallable(region, fallback=reference)
+    return reference
+
+
+def region_trace(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]) -> TraceCtx:
+    """A stand-alone trace ``(inputs) -> outputs`` holding the region's bound symbols."""
+    trace = TraceCtx(None)
+    trace.args = list(inputs)
+    trace.kwargs = {}
+    with tracectx(trace):
+        for proxy in inputs:
+            prims.unpack_trivial(proxy, name=proxy.name)
+    trace.bound_symbols += list(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for bsym in trace.bound_symbols:
+        for out in bsym.flat_outs:
+            if isinstance(out, Proxy) and out.name not in trace.names:
+                trace.add_name(out.name)
+    siginfo = SigInfo("remat_region")
+    siginfo.args = [(p.name, None) for p in inputs]
+    trace._siginfo = siginfo
+    return trace
+
+
+class TorchRegionCallable:
+    """Runs a region's prims with Thunder's torch executor; built on first call."""
+
+    def __init__(self, name: str, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]):
+        self.name = name
+        self.bsyms = tuple(bsyms)
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self._fn: Callable | None = None
+
+    def build(self) -> Callable:
+        if self._fn is None:
+            trace = region_trace(self.bsyms, self.inputs, self.outputs)
+            with thunder_context():
+                extrace = _transform_for_operator_executor_execution(trace, thunder.get_always_executors())
+                # free each intermediate after its last use, as Thunder does for whole traces
+                extrace = del_last_used(extrace)
+            self._fn = extrace.python_callable(include_decorators=False)
+        return self._fn
+
+    def __call__(self, *args):
+        return self.build()(*args)
+
+    def __repr__(self) -> str:
+        return f"TorchRegionCallable({self.name}, {len(self.bsyms)} ops)"
