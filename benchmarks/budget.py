@@ -3,7 +3,7 @@ time of a budget search on a deep trace.  CPU only; figures are the memory model
 
 1. Random layered training graphs of at most 40 nodes (``remat.testing.random_graphs``): for every point
    of remat's frontier, the optimal peak at the same recompute FLOPs from the Checkmate-style MILP in
-   ``remat.reference`` (HiGHS through ``scipy.optimize.milp``); the fraction of points within 5%.
+   ``remat.planning.reference`` (HiGHS through ``scipy.optimize.milp``); the fraction of points within 5%.
 2. The Pareto curve of LitGPT Llama-2-7b-hf, 4 layers, seq 4096, vocab 512, bf16: estimated peak
    against extra FLOPs, also without the gradients (which every plan must hold at the end of the step).
 3. ``remat.optimize(trace, memory_budget=...)`` on a 32-layer Llama-2-7b-hf trace: seconds per search.
@@ -19,16 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import remat  # noqa: E402
-from remat.budget import PRICED_POLICY  # noqa: E402
-from remat.problem import plain_fusion_graph  # noqa: E402
-from remat.reference import milp_min_peak  # noqa: E402
+from remat.core.plain import plain_graph  # noqa: E402
+from remat.models import litgpt_model  # noqa: E402
+from remat.planning.budget import PRICED_POLICY  # noqa: E402
+from remat.planning.reference import milp_min_peak  # noqa: E402
 from remat.testing.random_graphs import layered_training_graph  # noqa: E402
 
 MIB = 2**20
@@ -45,13 +44,13 @@ def milp_gaps(count: int) -> dict:
             continue
         graphs += 1
         nodes.append(graph.number_of_nodes())
-        fusion_graph, _ = plain_fusion_graph(graph)
+        fusion_graph, _ = plain_graph(graph)
         start = time.perf_counter()
         frontier = remat.pareto(fusion_graph)
         times.append(time.perf_counter() - start)
         for point in frontier:
             start = time.perf_counter()
-            best = milp_min_peak(graph, point.extra_flops, policy=PRICED_POLICY)
+            best = milp_min_peak(graph, point.extra_flops, recompute=PRICED_POLICY)
             milp_times.append(time.perf_counter() - start)
             gaps.append(point.peak_bytes / best.peak_bytes - 1)
     return dict(
@@ -67,35 +66,25 @@ def milp_gaps(count: int) -> dict:
 
 
 def llama_frontier(layers: int = 4) -> dict:
-    from litgpt import GPT, Config
-
-    config = Config.from_name("Llama-2-7b-hf", n_layer=layers, block_size=4096, vocab_size=512, padded_vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-    idx = torch.zeros(1, 4096, dtype=torch.long, device="meta")
-    graph = remat.FusionGraph.from_trace(remat.fuse(remat.training_trace(model, idx)))
+    model, idx = litgpt_model("Llama-2-7b-hf", layers, 4096)  # bf16, vocab 512, on the meta device
+    graph = remat.read_trace(remat.fuse(remat.training_trace(model, idx)))
     start = time.perf_counter()
     frontier = remat.pareto(graph)
     seconds = time.perf_counter() - start
-    step_flops = sum(op.flops for op in graph.ops)
+    step_flops = graph.step_flops
     gradient_bytes = sum(graph.tensors[g].bytes for g in graph.gradients if g in graph.tensors)
     return dict(layers=layers, frontier=frontier, step_flops=step_flops, gradient_bytes=gradient_bytes, seconds=seconds)
 
 
 def deep_budget_search(layers: int = 32) -> dict:
-    from litgpt import GPT, Config
-
-    config = Config.from_name("Llama-2-7b-hf", n_layer=layers, block_size=4096, vocab_size=512, padded_vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-    idx = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+    model, idx = litgpt_model("Llama-2-7b-hf", layers, 4096)  # bf16, vocab 512, on the meta device
     fused = remat.fuse(remat.training_trace(model, idx))
     times = []
     for budget in (0.5, 0.26, 0.2):
         start = time.perf_counter()
         result = remat.optimize(fused, memory_budget=budget)
         times.append((budget, time.perf_counter() - start, result.after.peak_bytes, result.before.peak_bytes, len(result.frontier)))
-    return dict(layers=layers, ops=len(remat.FusionGraph.from_trace(fused).ops), runs=times)
+    return dict(layers=layers, ops=len(remat.read_trace(fused).ops), runs=times)
 
 
 def render(gaps: dict, frontier: dict, deep: dict | None, command: str) -> str:

@@ -1,4 +1,4 @@
-"""GPU micro-benchmark behind ``NvFuserPolicy.transposed_cat``: the qkv-gradient region with and without
+"""GPU micro-benchmark behind ``FusionPolicy.transposed_cat``: the qkv-gradient region with and without
 its final cat.
 
 LitGPT's attention backward ends by transposing the q, k, v gradients back to (batch, seq, heads, size)
@@ -30,20 +30,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import remat  # noqa: E402
-from remat.graph import op_kind  # noqa: E402
+import remat.thunder  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+from remat.models import litgpt_model  # noqa: E402
+from remat.thunder.read import op_kind  # noqa: E402
 
 
 def region_pair(name: str, layers: int, seq: int):
     """(region ending in the qkv-gradient cat, region ending before it, the stand-alone cat)."""
-    from litgpt import GPT, Config
-
-    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=512, padded_vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-        idx = torch.zeros(1, seq, dtype=torch.long)
+    model, idx = litgpt_model(name, layers, seq)  # bf16, vocab 512, on the meta device
     joint = remat.training_trace(model, idx)
     split = remat.optimize(remat.fuse(joint), strict=True).trace
-    joined = remat.optimize(remat.fuse(joint, remat.NvFuserPolicy(transposed_cat=True)), strict=True).trace
+    joined = remat.optimize(remat.fuse(joint, remat.FusionPolicy(transposed_cat=True)), strict=True).trace
     cat = next(b for b in split.bound_symbols if op_kind(b) == "cat")
     made_by = {p.name: b for b in split.bound_symbols for p in b.flat_proxy_outs}
     before = made_by[cat.args[0][0].name]

@@ -5,10 +5,10 @@ Run on the GPU machine (see ../shared/gpu/README.md):
     source .gpu/activate.sh; python benchmarks/gpu_check.py --out $OUT
 
 1. Environment: torch, CUDA device, nvFuser version, whether linear/matmul go to nvFuser.
-2. End to end: a tiny LitGPT model trained one step under ``remat.jit`` (nvFuser backend) against eager
+2. End to end: a tiny LitGPT model trained one step under ``remat.jit`` (``runtime="nvfuser"``) against eager
    PyTorch in fp32.
 3. Region by region, for the full-width 2-layer LitGPT configs (bf16): every region of
-   ``remat.optimize(remat.fuse(trace, policy))`` for the default policy and for linear+matmul in regions,
+   ``remat.optimize(remat.fuse(trace, fusion))`` for the default fusion policy and for linear+matmul in regions,
    built with ``remat.nvfuser.build`` and run on random CUDA inputs, against the same region run by the
    torch reference.  Results go to stdout and ``--out/gpu_check.json``.
 """
@@ -27,12 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402
-from remat.backends import TorchRegionCallable  # noqa: E402
-from remat.execute import dtypes  # noqa: E402
-from remat.graph import TensorProxy  # noqa: E402
+import remat.thunder  # noqa: E402,F401  (its compat bridge, then Thunder)
+from remat.models import litgpt_config, litgpt_model  # noqa: E402
+from remat.thunder.runtimes import TorchRegionCallable  # noqa: E402
+from thunder.core import dtypes  # noqa: E402
+from thunder.core.proxies import TensorProxy  # noqa: E402
 
 CONFIGS = ("stablecode-completion-alpha-3b", "Llama-2-7b-hf")
-POLICIES = {"default": remat.NvFuserPolicy(), "linear+matmul": remat.NvFuserPolicy(linear=True, matmul=True)}
+POLICIES = {"default": remat.FusionPolicy(), "linear+matmul": remat.FusionPolicy(linear=True, matmul=True)}
 
 
 def random_inputs(region, generator):
@@ -57,18 +59,13 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / (a.norm() + 1e-12)).item()
 
 
-def check_regions(name: str, layers: int, seq: int, policy) -> dict:
-    from litgpt import GPT, Config
-
-    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=512, padded_vocab_size=512)
-    with torch.device("cuda"):
-        model = GPT(config).to(torch.bfloat16)
-    idx = torch.randint(0, 512, (1, seq), device="cuda")
+def check_regions(name: str, layers: int, seq: int, fusion) -> dict:
+    model, idx = litgpt_model(name, layers, seq, device="cuda")  # bf16, vocab 512, random token ids
     joint = remat.training_trace(model, idx)
-    result = remat.optimize(remat.fuse(joint, policy), strict=True)
+    result = remat.optimize(remat.fuse(joint, fusion), strict=True)
     regions = [b for b in result.trace.bound_symbols if b.sym.is_fusion]
     generator = torch.Generator(device="cuda").manual_seed(0)
-    report = dict(model=name, layers=layers, seq=seq, policy=str(policy), regions=len(regions), ok=0, failures=[], worst=0.0)
+    report = dict(model=name, layers=layers, seq=seq, policy=str(fusion), regions=len(regions), ok=0, failures=[], worst=0.0)
     start = time.perf_counter()
     for region in regions:
         inputs = random_inputs(region, generator)
@@ -94,17 +91,17 @@ def check_regions(name: str, layers: int, seq: int, policy) -> dict:
 
 
 def end_to_end() -> dict:
-    from litgpt import GPT, Config
+    from litgpt import GPT
 
-    config = Config.from_name("Llama-2-7b-hf", n_layer=2, n_embd=128, n_head=4, n_query_groups=2, intermediate_size=256,
-                              block_size=64, vocab_size=512, padded_vocab_size=512)
+    # a tiny fp32 Llama (2 query groups, MLP 256) and an eager copy with the same weights as the reference
+    config = litgpt_config("Llama-2-7b-hf", 2, 64, n_embd=128, n_head=4, n_query_groups=2, intermediate_size=256)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = GPT(config)
         reference = GPT(config)
     reference.load_state_dict(model.state_dict())
     idx = torch.randint(0, 512, (2, 64), device="cuda")
-    jitted = remat.jit(model, backend="nvfuser")
+    jitted = remat.jit(model, runtime="nvfuser")
     loss = jitted(idx).pow(2).mean()
     loss.backward()
     expected = reference(idx).pow(2).mean()
@@ -142,11 +139,11 @@ def main() -> None:
         print("end to end", json.dumps(results["end_to_end"]), f"{time.perf_counter() - t:.0f} s", flush=True)
     results["regions"] = []
     for name in args.configs:
-        for policy in (POLICIES[p] for p in args.policies):
+        for fusion in (POLICIES[p] for p in args.policies):
             t = time.perf_counter()
-            report = check_regions(name, args.layers, args.seq, policy)
+            report = check_regions(name, args.layers, args.seq, fusion)
             results["regions"].append(report)
-            print(f"{name} {policy}: {report['ok']}/{report['regions']} regions match "
+            print(f"{name} {fusion}: {report['ok']}/{report['regions']} regions match "
                   f"(worst relative error {report['worst']:.2e}), {time.perf_counter() - t:.0f} s", flush=True)
             for failure in report["failures"]:
                 print("   FAIL", failure, flush=True)

@@ -1,4 +1,4 @@
-"""GPU checks of two paths the CPU tests can only run with the torch backend or a stand-in nvFuser.
+"""GPU checks of two paths the CPU tests can only run with the torch runtime or a stand-in nvFuser.
 
 1. kv-cache inference under ``remat.jit`` with real nvFuser regions (LitGPT's generation loop: prefill,
    then decode steps), against eager, with the cache the compiled model wrote compared to eager's.  This
@@ -28,16 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402
+import remat.thunder  # noqa: E402,F401  (its compat bridge before plain thunder.jit: Thunder 0.2.6 with nvFuser >= 0.2.34)
+from remat.models import litgpt_model  # noqa: E402
 
 
 def tiny(name: str, **overrides):
-    from litgpt import GPT, Config
-
-    fields = dict(n_layer=2, n_embd=128, n_head=4, block_size=64, padded_vocab_size=256, vocab_size=256)
+    """A 2-layer fp32 LitGPT ``name`` with n_embd 128, 4 heads, seq 64, vocab 256, seeded, on the GPU."""
+    fields = dict(n_embd=128, n_head=4)
     fields.update(overrides)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return GPT(Config.from_name(name, **fields))
+    return litgpt_model(name, 2, 64, device="cuda", dtype=torch.float32, vocab=256, seed=0, **fields).model
 
 
 def pair(name: str, **overrides):

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-import remat  # noqa: E402  (compat bridge before Thunder)
+import remat.thunder  # noqa: E402,F401  (compat bridge before Thunder)
 from gpu_memory import RUN, build, make  # noqa: E402
 from gpu_profile import kernel_union  # noqa: E402
 

@@ -4,9 +4,9 @@ Modes, all in one process on the same model and inputs: eager, torch.compile, Th
 (nvFuser + its rematerialization), Thunder with nvFuser linear (and matmul), remat (``remat.jit``,
 cuDNN attention where it applies), ``remat-thunder-attention`` (remat's plan with Thunder's attention
 kernels, to separate the two effects), ``remat-transposed-cat`` (the qkv-gradient cat left inside the
-nvFuser region, see ``NvFuserPolicy.transposed_cat``), ``remat-independent-parts`` (a run of fusible
+nvFuser region, see ``FusionPolicy.transposed_cat``), ``remat-independent-parts`` (a run of fusible
 ops kept as one region even where it holds independent computations, as Thunder does, see
-``NvFuserPolicy.independent_parts``) and ``remat-no-linear`` (the default policy spelled out).
+``FusionPolicy.independent_parts``) and ``remat-no-linear`` (the default policy spelled out).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
@@ -38,7 +38,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import remat  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+import remat  # noqa: E402
+import remat.thunder  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+from remat.models import litgpt_model  # noqa: E402
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
@@ -58,15 +60,9 @@ class WithLoss(torch.nn.Module):
 def build(name: str, layers: int, seq: int, device: str = "cuda"):
     """The measured setup: a bf16 LitGPT config with vocab 512 and the loss inside, its trainable
     parameters, and one batch of token ids and targets (seeded)."""
-    from litgpt import GPT, Config
-
-    config = Config.from_name(name, n_layer=layers, block_size=seq, vocab_size=512, padded_vocab_size=512)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = GPT(config).to(torch.bfloat16)
+    model, idx = litgpt_model(name, layers, seq, device=device)  # seed 0; idx drawn right after the weights
     module = WithLoss(model)
     params = [p for p in module.parameters() if p.requires_grad]
-    idx = torch.randint(0, 512, (1, seq), device=device)
     targets = torch.randint(0, 512, (1, seq), device=device)
     return module, params, idx, targets
 
@@ -88,13 +84,13 @@ def make(mode: str, module: torch.nn.Module):
         jitted = remat.jit(module, attention="thunder")
         return jitted, remat.executor_of(jitted)
     if mode in ("remat", "remat-no-linear", "remat-transposed-cat", "remat-independent-parts"):
-        policy = {
+        fusion = {
             "remat": None,
-            "remat-no-linear": remat.NvFuserPolicy(),
-            "remat-transposed-cat": remat.NvFuserPolicy(transposed_cat=True),
-            "remat-independent-parts": remat.NvFuserPolicy(independent_parts=True),
+            "remat-no-linear": remat.FusionPolicy(),
+            "remat-transposed-cat": remat.FusionPolicy(transposed_cat=True),
+            "remat-independent-parts": remat.FusionPolicy(independent_parts=True),
         }[mode]
-        jitted = remat.jit(module, policy=policy)
+        jitted = remat.jit(module, fusion=fusion)
         return jitted, remat.executor_of(jitted)
     raise ValueError(mode)
 
@@ -220,7 +216,7 @@ def render(path: str) -> str:
                 )
     for (model, layers, seq), modes in groups.items():
         run = next(iter(modes.values())).get("run")
-        notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one, with the code before NvFuserPolicy.transposed_cat (run labels came with it)"))
+        notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one, with the code before FusionPolicy.transposed_cat (run labels came with it)"))
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
     return "\n".join([header, "", *lines, "", *notes])

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-import remat  # noqa: E402,F401  (compat bridge before Thunder)
+import remat.thunder  # noqa: E402,F401  (compat bridge before Thunder)
 from gpu_memory import build, make, step  # noqa: E402
 
 MIB = 2**20

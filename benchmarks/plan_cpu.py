@@ -33,22 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402
-from remat.execute import thunder_rematerialize  # noqa: E402
+from remat.models import VOCAB, litgpt_model  # noqa: E402
+from remat.thunder.execute import thunder_rematerialize  # noqa: E402
 
 MIB = 2**20
 SEQ = 4096
-VOCAB = 512
 CONFIGS = ("stablecode-completion-alpha-3b", "Llama-2-7b-hf")
 TARGETS = {  # issue 3: saved ratio, peak ratio
     "stablecode-completion-alpha-3b": (0.55, 0.75),
     "Llama-2-7b-hf": (0.70, 0.80),
 }
-
-
-def litgpt_config(name: str, layers: int):
-    from litgpt import Config
-
-    return Config.from_name(name, n_layer=layers, block_size=SEQ, vocab_size=VOCAB, padded_vocab_size=VOCAB)
 
 
 def hand_floor_bytes(config) -> int:
@@ -125,12 +119,8 @@ def torch_compile_saved_bytes(config) -> int:
 
 
 def run_config(name: str, layers: int, repeats: int) -> dict:
-    from litgpt import GPT
-
-    config = litgpt_config(name, layers)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-        idx = torch.zeros(1, SEQ, dtype=torch.long)
+    built = litgpt_model(name, layers, SEQ)  # bf16, vocab 512, on the meta device
+    model, idx, config = built.model, built.idx, built.config
     joint = remat.training_trace(model, idx)
     fused = remat.fuse(joint)
     no_remat_profile = remat.estimate_memory(fused)  # nvFuser regions, no rematerialization
@@ -171,18 +161,13 @@ def run_config(name: str, layers: int, repeats: int) -> dict:
         thunder_paused_seconds=thunder_paused_seconds,
         remat_seconds=remat_seconds,
     )
-    del model, joint, fused, result, thunder_trace
+    del built, model, joint, fused, result, thunder_trace
     gc.collect()
     return row
 
 
 def time_32_layers(repeats: int) -> dict:
-    from litgpt import GPT
-
-    config = litgpt_config("Llama-2-7b-hf", 32)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-        idx = torch.zeros(1, SEQ, dtype=torch.long)
+    model, idx = litgpt_model("Llama-2-7b-hf", 32, SEQ)  # bf16, vocab 512, on the meta device
     start = time.perf_counter()
     fused = remat.fuse(remat.training_trace(model, idx))
     trace_seconds = time.perf_counter() - start

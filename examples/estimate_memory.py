@@ -9,11 +9,9 @@ nvFuser-style fused trace, Thunder 0.2.6's own rematerialization of it, and rema
 
 import argparse
 
-import torch
-from litgpt import GPT, Config
-
 import remat
-from remat.execute import thunder_rematerialize
+from remat.models import litgpt_model
+from remat.thunder.execute import thunder_rematerialize
 
 MIB = 2**20
 
@@ -25,10 +23,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=512)
     args = parser.parse_args()
-    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq, vocab_size=args.vocab, padded_vocab_size=args.vocab)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-    joint = remat.training_trace(model, torch.zeros(1, args.seq, dtype=torch.long, device="meta"))
+    model, idx = litgpt_model(args.model, args.layers, args.seq, vocab=args.vocab)  # bf16, on the meta device
+    joint = remat.training_trace(model, idx)
     fused = remat.fuse(joint)
     thunder_trace, _ = thunder_rematerialize(fused)
     result = remat.optimize(fused)

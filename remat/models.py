@@ -91,11 +91,11 @@ def litgpt_model(
         torch.manual_seed(seed)
         model = GPT(config).to(dtype)
         idx = torch.randint(0, vocab, (batch, seq))
-    if width == "full":
-        shape = (
-            f"full width (n_embd {config.n_embd}, {config.n_head} heads, {config.n_query_groups} query groups, "
-            f"MLP {config.intermediate_size})"
-        )
+    sizes = f"n_embd {config.n_embd}, {config.n_head} heads, {config.n_query_groups} query groups, MLP {config.intermediate_size}"
+    if overrides:
+        shape = f"a custom width ({sizes})"
+    elif width == "full":
+        shape = f"full width ({sizes})"
     else:
         shape = "shrunk to n_embd 128 (demo width)"
     description = (
