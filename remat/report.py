@@ -35,6 +35,7 @@ from typing import Any
 
 from remat import viz
 from remat.core.memory import MemoryBudget, format_bytes
+from remat.core.views import alias_base
 from remat.models import check_config_name, litgpt_model
 from remat.pipeline import Result, estimate_memory, optimize, pareto
 from remat.thunder.capture import training_trace
@@ -274,8 +275,7 @@ def _markdown(
     for unit in after_graph.units:
         if unit.phase == "backward" and unit.kind in ("region", "op"):
             for name in unit.inputs:
-                info = after_graph.tensors.get(name)
-                base = (info.alias_of or name) if info is not None else name
+                base = alias_base(name, after_graph.tensors)
                 readers.setdefault(base, [])
                 if unit.name not in readers[base]:
                     readers[base].append(unit.name)

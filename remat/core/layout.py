@@ -34,7 +34,7 @@ from typing import Protocol, TypeVar
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, split_phases
 from remat.core.ops import ALWAYS_VIEW_PRIMS, VIEW_PRIMS
-from remat.core.views import region_views
+from remat.core.views import alias_base, region_views
 
 __all__ = [
     "UnitEdit", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io", "recompute_closure",
@@ -306,7 +306,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     new_names = RegionNames(u.name for u in graph.units if u.kind == "region")
 
     def base_of(name: str) -> str:
-        return aliases.get(name, tensors[name].alias_of or name) if name in tensors else name
+        return aliases.get(name) or alias_base(name, tensors)
 
     for edit in layout.edits:
         unit = graph.units[edit.index]
@@ -355,7 +355,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             op = ops[n]
             base = next(a for a in op.inputs if a in tensors and tensors[a].kind != "number")
             view = op.outputs[0]
-            aliases[view] = aliases.get(base, tensors[base].alias_of or base)
+            aliases[view] = aliases.get(base) or alias_base(base, tensors)
             rows.append((op.kind, "op", (base,), (view,)))
             row_phases.append(unit.phase)
 

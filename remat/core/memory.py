@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph
+from remat.core.views import alias_base
 
 __all__ = [
     "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "lifetimes", "live_at", "save_cost", "tensor_save_cost",
@@ -87,13 +88,6 @@ def format_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-def _base(name: str, graph: FusionGraph) -> str:
-    info = graph.tensors.get(name)
-    if info is not None and info.alias_of is not None:
-        return info.alias_of
-    return name
-
-
 def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, int]]:
     """Execution order (unit indices) and, for every counted base buffer, the first and last step at
     which it is alive (``start``, ``end``; ``end == len(order)`` means held to the end of the step)."""
@@ -108,7 +102,7 @@ def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, 
             info = tensors.get(name)
             if info is None or info.kind in ("param", "input", "number"):
                 continue
-            base = _base(name, graph)
+            base = alias_base(name, graph.tensors)
             base_info = tensors.get(base)
             if base_info is None or base_info.kind in ("param", "input", "number"):
                 continue
@@ -116,7 +110,7 @@ def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, 
                 start[base] = step
                 end[base] = step
         for name in unit.inputs:
-            base = _base(name, graph)
+            base = alias_base(name, graph.tensors)
             if base in start:
                 last = end_of_step if unit.kind == "return" else step
                 if last > end[base]:
@@ -132,7 +126,7 @@ def live_at(graph: FusionGraph, step: int) -> list[tuple[str, int]]:
 
 
 def profile_graph(graph: FusionGraph) -> MemoryProfile:
-    """Run the memory model on a :class:`~remat.graph.FusionGraph` (see the module docstring)."""
+    """Run the memory model on a :class:`~remat.core.ir.FusionGraph` (see the module docstring)."""
     tensors = graph.tensors
     order, start, end = lifetimes(graph)
     end_of_step = len(order)
@@ -164,13 +158,13 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
                     continue
                 if graph.units[info.producer_unit].phase != FORWARD:
                     continue
-                base = _base(name, graph)
+                base = alias_base(name, graph.tensors)
                 base_info = tensors.get(base)
                 if base_info is not None and base_info.kind == "activation":
                     saved.setdefault(base)
     elif graph.explicit_saved is not None:
         for name in graph.explicit_saved:
-            base = _base(name, graph)
+            base = alias_base(name, graph.tensors)
             base_info = tensors.get(base)
             if base_info is not None and base_info.kind == "activation":
                 saved.setdefault(base)

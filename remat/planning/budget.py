@@ -38,6 +38,7 @@ from remat.core.ir import FusionGraph
 from remat.core.layout import layout_graph, plan_layout
 from remat.core.memory import MemoryBudget, MemoryProfile, lifetimes, profile_graph, save_cost
 from remat.core.policies import RecomputePolicy
+from remat.core.views import alias_base
 from remat.errors import GraphError
 from remat.planning.flow import DEFAULT_SOLVER, Solver
 from remat.planning.plan import Plan, plan_graph
@@ -103,8 +104,7 @@ def _peak_weights(graph: FusionGraph, simulated: FusionGraph, plan: Plan, peak_s
     alive = {b for b, s in start.items() if s <= peak_step <= end[b]}
     weights = {}
     for value in plan.saved:
-        info = graph.tensors.get(value)
-        base = (info.alias_of or value) if info is not None else value
+        base = alias_base(value, graph.tensors)
         if base not in alive and value not in alive:
             weights[value] = OFF_PEAK_WEIGHT
     return weights

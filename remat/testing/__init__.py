@@ -1,7 +1,7 @@
 """Testing helpers for remat and for code built on it.
 
 ``remat.testing.strategies``
-    Hypothesis strategies: random plain training graphs in the schema of :mod:`remat.problem`
+    Hypothesis strategies: random plain training graphs in the schema of :mod:`remat.core.plain`
     (:func:`~remat.testing.strategies.training_graphs`), malformed graphs with the error they must raise
     (:func:`~remat.testing.strategies.bad_graphs`), and random small torch programs whose Thunder training
     traces exercise the whole pipeline (:func:`~remat.testing.strategies.programs`).  Needs hypothesis:

@@ -1,7 +1,7 @@
 """Reference answers and checkers for remat's properties (no hypothesis needed).
 
-Plain graphs (the schema of :mod:`remat.problem`) are read here independently of
-:func:`remat.problem.build_problem`:
+Plain graphs (the schema of :mod:`remat.core.plain`) are read here independently of
+:func:`remat.planning.problem.build_problem`:
 
 :func:`read_graph`
     The forward values of a plain graph with their save costs, which may be saved, which may be

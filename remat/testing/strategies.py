@@ -1,7 +1,7 @@
 """Hypothesis strategies for remat: random plain training graphs, malformed graphs, random torch programs.
 
 :func:`training_graphs`
-    ``networkx.DiGraph`` s in the plain-graph schema of :mod:`remat.problem` (what :func:`remat.solve`
+    ``networkx.DiGraph`` s in the plain-graph schema of :mod:`remat.core.plain` (what :func:`remat.solve`
     takes): a layered forward with residual/skip edges, input/parameter nodes, multi-output nodes whose
     edges carry a subset of their values, policy tags, ``recompute`` overrides, custom save costs, and a
     backward that reads forward values.
@@ -66,7 +66,7 @@ def training_graphs(
     unsavable: bool = False,
     shuffle: bool = True,
 ) -> nx.DiGraph:
-    """A random training graph in the plain-graph schema of :mod:`remat.problem`.
+    """A random training graph in the plain-graph schema of :mod:`remat.core.plain`.
 
     The graph has ``min_nodes..max_nodes`` nodes: optional input/parameter nodes (``is_input`` /
     ``is_param``), forward nodes in layers (each reads the layer before, plus random skip edges to any

@@ -372,12 +372,14 @@ class _Reader:
             return _stand_alone_view_base(bsym, kind, ins[0], self.tensors, self.strides, self.shape_of)
         return None
 
-    def _views_of(self, region: BoundSymbol, members, ins, outs) -> dict[str, str]:
+    def _views_of(self, region: BoundSymbol, members: Callable[[], Sequence], ins, outs) -> dict[str, str]:
+        """The region's views: reused from the graph this trace was rewritten from where the region is
+        the same bound symbol, else found from ``members()`` (``(kind, view facts)`` pairs)."""
         known = self.known_views.get(id(region))
         if known is not None and known[0] is region:
             views = known[1]
         else:
-            views = _region_views(members, ins, outs, self.tensors, self.strides)
+            views = _region_views(members(), ins, outs, self.tensors, self.strides)
         self.region_views_by_id[id(region)] = (region, views)
         return views
 
@@ -388,9 +390,10 @@ class _Reader:
         if unit_kind == "op":
             alias = self._stand_alone_base(bsym, kind, symbol_facts(bsym)[1], ins)
         elif unit_kind == "region":
-            members = []
-            if id(bsym) not in self.known_views:
-                members = [(k, _view_facts(m, k, self.shape_of)) for m in bsym.subsymbols for k in [symbol_facts(m)[0]]]
+
+            def members() -> list[tuple[str, ViewFacts | None]]:
+                return [(k, _view_facts(m, k, self.shape_of)) for m in bsym.subsymbols for k in [symbol_facts(m)[0]]]
+
             region_views = self._views_of(bsym, members, ins, outs)
         for p in bsym.flat_proxy_outs:
             if p.name in ins:
@@ -415,7 +418,9 @@ class _Reader:
         member_facts = [symbol_facts(m) for m in members]
         member_views = [_view_facts(m, f[0], self.shape_of) if is_region else None for m, f in zip(members, member_facts)]
         region_name = bsym.sym.name if is_region else None
-        region_views = self._views_of(bsym, [(f[0], v) for f, v in zip(member_facts, member_views)], ins, outs) if is_region else {}
+        region_views = (
+            self._views_of(bsym, lambda: [(f[0], v) for f, v in zip(member_facts, member_views)], ins, outs) if is_region else {}
+        )
         local_producer: dict[str, int] = {}
         nodes: list[int] = []
         unit_flops = 0
