@@ -40,10 +40,34 @@ def train_step(model, idx):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
+_TRACES: dict = {}
+
+
+def traced(name="pythia-14m", *, seq=32, device="meta", **overrides):
+    """The joint trace (``remat.training_trace``) of ``tiny_litgpt(name, **overrides)`` on a (1, seq) batch
+    of token ids on ``device``, traced once per test run and shared by every test that asks for it.
+
+    Tracing a tiny LitGPT model costs seconds (Thunder interprets the model's Python), so the test files
+    share these traces rather than each tracing the same model.  Sharing is safe because nothing mutates a
+    trace: remat never edits its input trace (tests/test_fallbacks.py checks that), and tests only read
+    them.  ``device="meta"``: nothing can run; ``"cpu"``: the trace can be executed
+    (``remat.thunder.execute``).  Token ids are zeros: a trace does not depend on their values."""
+    key = (name, seq, str(device), tuple(sorted(overrides.items())))
+    if key not in _TRACES:
+        with torch.device(device):
+            model = tiny_litgpt(name, **overrides)
+        idx = torch.zeros(1, seq, dtype=torch.long, device=device)
+        _TRACES[key] = remat.training_trace(model, idx)
+    return _TRACES[key]
+
+
+# The shared tiny models (see ``traced``): a 1-layer pythia on meta, and the 2-layer pythia and LLaMA on CPU
+# that several files execute, plan and draw.
+PYTHIA_2 = dict(name="pythia-14m", n_layer=2, seq=16, device="cpu")
+LLAMA_2 = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, intermediate_size=128, seq=16, device="cpu")
+
+
 @pytest.fixture(scope="session")
 def pythia_trace():
-    """Joint trace of a 1-layer tiny GPT-NeoX (pythia) model on the meta device."""
-    with torch.device("meta"):
-        model = tiny_litgpt()
-    idx = torch.zeros(1, 32, dtype=torch.long, device="meta")
-    return remat.training_trace(model, idx)
+    """Joint trace of a 1-layer tiny GPT-NeoX (pythia) model on the meta device (sequence 32)."""
+    return traced("pythia-14m", seq=32, device="meta")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt
+from conftest import LLAMA_2, tiny_litgpt, traced
 from remat.planning.budget import PRICED_POLICY, choose, plan_memory
 from remat.thunder.execute import example_inputs, execute_joint
 from remat.core.plain import plain_graph
@@ -18,8 +18,8 @@ from remat.testing.random_graphs import layered_training_graph
 
 @pytest.fixture(scope="module")
 def fused_llama():
-    model = tiny_litgpt("Llama-2-7b-hf", n_layer=2, n_embd=64, n_head=4, n_query_groups=2, intermediate_size=128)
-    return remat.fuse(remat.training_trace(model, torch.randint(0, 128, (1, 16))))
+    """2-layer tiny LLaMA (2 query groups) on CPU, sequence 16, fused (the trace is shared: conftest.traced)."""
+    return remat.fuse(traced(**LLAMA_2))
 
 
 def same_profile(a, b):
@@ -50,12 +50,10 @@ def test_frontier_starts_at_the_default_plan_and_trades_flops_for_peak(fused_lla
 
 
 def test_frontier_of_a_full_width_model_recomputes_matmuls_to_go_lower():
-    from litgpt import GPT, Config
+    from remat.models import litgpt_model
 
-    config = Config.from_name("Llama-2-7b-hf", n_layer=2, block_size=4096, vocab_size=512, padded_vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-    graph = remat.read_trace(remat.fuse(remat.training_trace(model, torch.zeros(1, 4096, dtype=torch.long, device="meta"))))
+    model, idx = litgpt_model("Llama-2-7b-hf", layers=2, seq=4096)  # full width, bf16, vocab 512, meta device
+    graph = remat.read_trace(remat.fuse(remat.training_trace(model, idx)))
     frontier = remat.pareto(graph)
     assert len(frontier) >= 2 and frontier[-1].peak_bytes < 0.95 * frontier[0].peak_bytes
     nodes = graph.ops

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import remat
-from conftest import tiny_litgpt
+from conftest import LLAMA_2, PYTHIA_2, traced
 from remat.thunder.execute import execute_joint, example_inputs
 from remat.planning.problem import build_problem
 from remat.planning.flow import min_cut
@@ -134,9 +134,8 @@ def test_gelu_is_recomputed_in_a_new_region_before_the_backward_matmul():
 
 @pytest.fixture(scope="module")
 def fused_pythia():
-    model = tiny_litgpt(n_layer=2)
-    idx = torch.randint(0, 128, (1, 16))
-    return remat.fuse(remat.training_trace(model, idx))
+    """2-layer tiny GPT-NeoX (pythia) on CPU, sequence 16, fused (the trace is shared: conftest.traced)."""
+    return remat.fuse(traced(**PYTHIA_2))
 
 
 def test_solvers_agree_on_a_litgpt_graph(fused_pythia):
@@ -167,16 +166,16 @@ def relative_error(a, b):
 
 
 @pytest.mark.parametrize(
-    "name, overrides",
+    "model",
     [
-        ("pythia-14m", dict(n_layer=2)),  # GPT-NeoX: parallel residual, LayerNorm, GELU MLP
-        ("Llama-2-7b-hf", dict(n_layer=2, n_embd=64, n_head=4, n_query_groups=4, intermediate_size=128)),
+        PYTHIA_2,  # GPT-NeoX: parallel residual, LayerNorm, GELU MLP
+        LLAMA_2,  # LLaMA: RMSNorm, SwiGLU MLP, grouped-query attention (2 query groups)
     ],
+    ids=lambda model: model["name"],
 )
-def test_optimized_trace_matches_original_numerics(name, overrides):
-    model = tiny_litgpt(name, **overrides)
-    idx = torch.randint(0, 128, (1, 16))
-    fused = remat.fuse(remat.training_trace(model, idx))
+def test_optimized_trace_matches_original_numerics(model):
+    """2 layers each, sequence 16, float32, on CPU (traces shared with other files: conftest.traced)."""
+    fused = remat.fuse(traced(**model))
     res = remat.optimize(fused, strict=True)
     assert res.applied and res.plan.recomputed_ops
     inputs = example_inputs(fused, int_high=128)  # float32, as the model
@@ -258,3 +257,33 @@ def test_a_failing_rewrite_leaves_the_trace_as_it_was(fused_pythia, monkeypatch)
     assert [w.category for w in caught] == [remat.OptimizationWarning]
     with pytest.raises(RuntimeError, match="simulated"):
         remat.optimize(fused_pythia, strict=True)
+
+
+def test_a_solver_is_a_name_or_a_function():
+    """``solver=`` takes an algorithm's name or any function ``problem -> CutResult`` (as networkx's
+    ``flow_func=``); the plan says which one cut it."""
+    from remat.planning import flow
+
+    calls = []
+
+    def counting(problem):
+        calls.append(problem.num_nodes)
+        return flow.dinic.minimum_cut(problem)
+
+    by_name = remat.solve(mlp_graph(), solver="dinic")
+    by_function = remat.solve(mlp_graph(), solver=counting)
+    assert calls and by_function.saved == by_name.saved and by_function.recomputed_ops == by_name.recomputed_ops
+    assert by_name.solver == "dinic" and remat.solve(mlp_graph(), solver="preflow_push").solver == "preflow_push"
+    assert set(flow.ALGORITHMS) == {"dinic", "preflow_push"}
+
+
+def test_graphs_are_frozen(fused_pythia):
+    import dataclasses
+
+    graph = remat.read_trace(fused_pythia)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        graph.ops = ()
+    with pytest.raises(TypeError):
+        graph.tensors["x"] = None
+    assert isinstance(graph.ops, tuple) and isinstance(graph.units, tuple)
+    assert graph.mutation_hazards == {} and graph.view_ops  # derived facts, computed once by the graph itself

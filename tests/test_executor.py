@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt, train_step
+from conftest import PYTHIA_2, tiny_litgpt, train_step, traced
 
 
 # The training step against eager for every LitGPT family: tests/test_families.py.
@@ -39,7 +39,7 @@ def test_linear_auto_keeps_the_lower_peak():
     train_step(jitted, torch.randint(0, 128, (1, 16)))
     chosen = remat.executor_of(jitted).last_result
     peaks = {}
-    joint = remat.training_trace(model, torch.randint(0, 128, (1, 16)))
+    joint = traced(**PYTHIA_2)  # the same model (tiny_litgpt(n_layer=2), batch (1, 16)), traced once per run
     for linear, matmul in ((False, False), (True, False), (True, True)):
         res = remat.optimize(remat.fuse(joint, remat.FusionPolicy(linear=linear, matmul=matmul)))
         peaks[(linear, matmul)] = res.after.peak_bytes

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt, train_step
+from conftest import PYTHIA_2, tiny_litgpt, train_step, traced
 from remat.core.ops import SHAPE_ONLY_KINDS as SHAPE_OPS
 from remat.thunder.fuse import simplify
 from remat.thunder.read import op_kind
@@ -13,8 +13,8 @@ from remat.thunder.read import op_kind
 
 @pytest.fixture(scope="module")
 def joint():
-    model = tiny_litgpt("pythia-14m", n_layer=2)
-    return remat.training_trace(model, torch.randint(0, 128, (1, 64)))
+    """2-layer tiny GPT-NeoX (pythia), sequence 16 (the trace is shared with other files: conftest.traced)."""
+    return traced(**PYTHIA_2)
 
 
 def cats(trace):

@@ -11,18 +11,19 @@ import torch.nn.functional as F
 
 import fake_nvfuser
 import remat
-from conftest import tiny_litgpt
+from conftest import LLAMA_2, PYTHIA_2, traced
 import remat.thunder  # noqa: F401  (Thunder, with remat's compat bridge)
 from thunder.core import dtypes
 from thunder.core.proxies import TensorProxy
 from remat.nvfuser import EmitError, NvFuserRegionCallable, build, definition_source, supported_kinds, tensor_descriptor
 
 GOLDEN = Path(__file__).parent / "golden"
+# tiny models on CPU, sequence 16 (conftest.traced; pythia and LLaMA are the 2-layer traces other files share)
 FAMILIES = [
-    ("pythia-14m", {}),  # GPT-NeoX: LayerNorm, tanh-free GELU (erf), partial rotary
-    ("Llama-2-7b-hf", dict(n_embd=64, n_head=4, n_query_groups=4, intermediate_size=128)),  # RMSNorm, SwiGLU
-    ("gemma-2b", dict(n_embd=64, n_head=4, n_query_groups=1, intermediate_size=128, head_size=16)),  # GeGLU (tanh)
-    ("phi-2", dict(n_embd=64, n_head=4, n_query_groups=4, intermediate_size=128)),  # partial rotary, parallel residual
+    PYTHIA_2,  # GPT-NeoX: LayerNorm, tanh-free GELU (erf), partial rotary
+    LLAMA_2,  # RMSNorm, SwiGLU, grouped-query attention
+    dict(name="gemma-2b", n_query_groups=1, intermediate_size=128, head_size=16, seq=16, device="cpu"),  # GeGLU (tanh)
+    dict(name="phi-2", n_query_groups=4, intermediate_size=128, seq=16, device="cpu"),  # partial rotary, parallel residual
 ]
 
 
@@ -32,11 +33,7 @@ def regions_of(trace):
 
 @pytest.fixture(scope="module")
 def family_traces():
-    traces = {}
-    for name, overrides in FAMILIES:
-        model = tiny_litgpt(name, **overrides)
-        traces[name] = remat.training_trace(model, torch.randint(0, 128, (1, 16)))
-    return traces
+    return {model["name"]: traced(**model) for model in FAMILIES}
 
 
 def random_inputs(region, seed=0):

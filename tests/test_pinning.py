@@ -19,10 +19,9 @@ import pprint
 from collections import Counter
 
 import pytest
-import torch
 
 import remat
-from conftest import tiny_litgpt
+from conftest import traced
 from remat.thunder.execute import split_joint, thunder_context
 
 MODELS = {
@@ -147,9 +146,7 @@ def behaviour(name: str, overrides: dict) -> dict:
     """Everything the pinning asserts for one model."""
     from thunder.core.rematerialization import rematerialize
 
-    with torch.device("meta"):
-        model = tiny_litgpt(name, **overrides)
-    joint = remat.training_trace(model, torch.zeros(1, 32, dtype=torch.long, device="meta"))
+    joint = traced(name, seq=32, device="meta", **overrides)  # pythia: the session's pythia_trace
     fused = remat.fuse(joint)
     res = remat.optimize(fused, strict=True)
     with thunder_context():

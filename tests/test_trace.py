@@ -39,12 +39,9 @@ def test_capture_runs_no_tensor_math_on_real_tensors():
 
 
 def test_full_width_llama_traces_on_meta_without_math():
-    from litgpt import GPT, Config
+    from remat.models import litgpt_model
 
-    config = Config.from_name("Llama-2-7b-hf", n_layer=1, block_size=512, padded_vocab_size=512, vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(config).to(torch.bfloat16)
-    idx = torch.zeros(1, 512, dtype=torch.long, device="meta")
+    model, idx = litgpt_model("Llama-2-7b-hf", layers=1, seq=512)  # full width, bf16, vocab 512, meta device
     with CountOps() as counter:
         trace = remat.training_trace(model, idx)
     # Only allocations of empty meta tensors (Thunder's attention-backend probe) may be seen: no math.

@@ -3,8 +3,8 @@
 Programs come from remat.testing.strategies.programs (elementwise ops, reductions, reshape/permute,
 matmul/linear, where, casts, dropout; small shapes, float64 inputs).  Tracing a program takes about a
 tenth of a second, so the tests share the traced and optimized pipeline through a cache; under the
-``ci`` profile every test draws the same program sequence (one seed), so each program is traced once.
-See docs/testing.md.
+``ci`` profile every test of the shared sequence draws the same cases (one seed, one strategy: a program
+and a recompute policy), so each program is traced once.  See docs/testing.md.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from remat.testing.programs import OPS, Program
 from remat.testing.strategies import programs
 from remat.thunder.read import read_trace
 
+CI = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
 # ci: 100 programs per property; nightly: 500 (each test traces its own programs there).
 TRACE_EXAMPLES = min(settings().max_examples, 500)
 trace_settings = settings(
@@ -35,9 +36,14 @@ trace_settings = settings(
     # the explain phase reruns a failing example ~100 times: minutes with traces, for little news
     phases=[p for p in Phase if p != Phase.explain],
 )
-# Under ci every trace test draws the same programs, so the cache below traces each one once.
-shared_examples = seed(20261202) if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else (lambda test: test)
+# Under ci every shared trace test draws the same cases, so the cache below traces each program once.
+shared_examples = seed(20261202) if CI else (lambda test: test)
 PROGRAMS = programs(max_ops=12)
+POLICIES = st.builds(remat.RecomputePolicy, matmul=st.booleans(), reductions=st.booleans(), non_fusible=st.booleans())
+# What the shared tests draw: a program and a recompute policy.  Only test_any_safe_policy_keeps_numerics
+# reads the policy; the others draw one too, so that all of them draw the same sequence of programs (were
+# the policy test alone to draw a policy, its programs would differ and it would trace its own 100).
+CASES = st.tuples(PROGRAMS, POLICIES)
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,9 @@ def _bucket(n: int) -> str:
     return "1-2" if n <= 2 else "3-5" if n <= 5 else "6+"
 
 
-def run(program: Program) -> Pipeline:
+def run(case: Program | tuple[Program, remat.RecomputePolicy]) -> Pipeline:
+    """The pipeline of a program, or of a case's program."""
+    program = case[0] if isinstance(case, tuple) else case
     note(program.source())
     note(repr(program))
     event(f"ops: {_bucket(len(program.ops))}")
@@ -78,12 +86,12 @@ def execute(trace, inputs, rng_seed=0):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_plan_is_valid_on_traces(program):
+@given(CASES)
+def test_plan_is_valid_on_traces(case):
     """Every forward value a backward op reads is saved, or recomputable from saved values and
     parameters/inputs through ops the policy lets remat recompute (no matmul, reduction, stateful RNG);
     and the rewritten trace's backward reads only saved values and forward outputs from the forward."""
-    p = run(program)
+    p = run(case)
     res = p.result
     plan = res.plan
     problem = build_problem(res.graph)
@@ -113,11 +121,11 @@ def test_plan_is_valid_on_traces(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_estimated_peak_is_not_higher(program):
+@given(CASES)
+def test_estimated_peak_is_not_higher(case):
     """The optimized trace's estimated peak is at most the fused trace's (with strict=True remat may
     not fall back), and Result.before/after are the memory model of the two traces."""
-    p = run(program)
+    p = run(case)
     before, after = remat.estimate_memory(p.fused), remat.estimate_memory(p.result.trace)
     assert after.peak_bytes <= before.peak_bytes
     assert (before.peak_bytes, before.saved_bytes) == (p.result.before.peak_bytes, p.result.before.saved_bytes)
@@ -126,13 +134,13 @@ def test_estimated_peak_is_not_higher(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_saved_bytes_at_most_thunders_rematerialize(program):
+@given(CASES)
+def test_saved_bytes_at_most_thunders_rematerialize(case):
     """remat saves no more activation bytes than Thunder's own rematerialize on the same fused trace
     (both measured by the memory model)."""
     from thunder.core.rematerialization import rematerialize
 
-    p = run(program)
+    p = run(case)
     with thunder_context():
         thunder_trace = rematerialize(p.fused)
     ours = remat.estimate_memory(p.result.trace).saved_bytes
@@ -144,11 +152,11 @@ def test_saved_bytes_at_most_thunders_rematerialize(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_solvers_agree_on_traces(program):
+@given(CASES)
+def test_solvers_agree_on_traces(case):
     """Dinic (scipy) and preflow-push (networkx) find the same cut value and the same cut on the trace's
     flow problem."""
-    p = run(program)
+    p = run(case)
     problem = build_problem(p.result.graph)
     dinic, preflow_push = min_cut(problem, "dinic"), min_cut(problem, "preflow_push")
     assert dinic.scale == 1
@@ -158,12 +166,12 @@ def test_solvers_agree_on_traces(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_optimized_trace_matches_original_numerics(program):
+@given(CASES)
+def test_optimized_trace_matches_original_numerics(case):
     """Same outputs and gradients, bit for bit, from the fused and the optimized trace on CPU with
     float64 inputs.  Dropout: on CPU remat.fuse keeps the stateful uniform (Thunder's RNG-state prim is
     CUDA-only), the mask is saved, never recomputed; both runs start from the same torch seed."""
-    p = run(program)
+    p = run(case)
     inputs = example_inputs(p.fused, dtype=torch.float64)
     expected = execute(p.fused, inputs)
     got = execute(p.result.trace, inputs)
@@ -175,17 +183,15 @@ def test_optimized_trace_matches_original_numerics(program):
         torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
 
 
-POLICIES = st.builds(remat.RecomputePolicy, matmul=st.booleans(), reductions=st.booleans(), non_fusible=st.booleans())
-
-
 @shared_examples
 @trace_settings
-@given(PROGRAMS, POLICIES)
-def test_any_safe_policy_keeps_numerics(program, policy):
+@given(CASES)
+def test_any_safe_policy_keeps_numerics(case):
     """Whatever the policy lets remat recompute (matmuls, reductions, non-fusible ops; not stateful
     RNG, documented unsafe), the optimized trace is well formed and computes the same outputs and
     gradients bit for bit, and re-optimizing it recomputes nothing more."""
-    p = run(program)
+    _, policy = case
+    p = run(case)
     res = remat.optimize(p.fused, recompute=policy, strict=True)
     check_trace_well_formed(res.trace)
     inputs = example_inputs(p.fused, dtype=torch.float64)
@@ -235,10 +241,10 @@ def test_fused_trace_matches_eager_pytorch(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_optimize_is_idempotent(program):
+@given(CASES)
+def test_optimize_is_idempotent(case):
     """Optimizing the optimized trace changes nothing: same saved bytes and peak, nothing recomputed."""
-    p = run(program)
+    p = run(case)
     again = remat.optimize(p.result.trace, strict=True)
     assert again.after.saved_bytes == p.result.after.saved_bytes
     assert again.after.peak_bytes == p.result.after.peak_bytes
@@ -248,12 +254,12 @@ def test_optimize_is_idempotent(program):
 
 @shared_examples
 @trace_settings
-@given(PROGRAMS)
-def test_rewritten_trace_is_well_formed(program):
+@given(CASES)
+def test_rewritten_trace_is_well_formed(case):
     """The fused and the optimized trace are topologically ordered: every proxy is defined before it
     is read (inside regions too), regions read only their inputs; Thunder splits the optimized trace
     and both halves are well formed."""
-    p = run(program)
+    p = run(case)
     check_trace_well_formed(p.fused)
     check_trace_well_formed(p.result.trace)
     forward, backward = split_joint(p.result.trace)

@@ -12,8 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from conftest import tiny_litgpt  # noqa: E402
+from conftest import PYTHIA_2, traced  # noqa: E402
 from matplotlib.patches import FancyBboxPatch, PathPatch  # noqa: E402
 
 import remat  # noqa: E402
@@ -30,11 +29,8 @@ def result(pythia_trace):
 
 @pytest.fixture(scope="module")
 def two_layer_result():
-    """2-layer tiny GPT-NeoX on the meta device, optimized (for layer bands)."""
-    with torch.device("meta"):
-        model = tiny_litgpt(n_layer=2)
-    idx = torch.zeros(1, 32, dtype=torch.long, device="meta")
-    return remat.optimize(remat.fuse(remat.training_trace(model, idx)))
+    """2-layer tiny GPT-NeoX, optimized (for layer bands); the trace is shared with other files (conftest.traced)."""
+    return remat.optimize(remat.fuse(traced(**PYTHIA_2)))
 
 
 @pytest.fixture(scope="module")
