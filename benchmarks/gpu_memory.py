@@ -240,7 +240,7 @@ def main() -> None:
             sys.path.insert(0, str(ROOT / "benchmarks"))
             from plan_cpu import write_section
 
-            write_section(markdown + f"\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_memory.py --model <config> --layers <N> --steps 10 --modes <modes> --out $OUT` on the GPU machine; raw records: `benchmarks/results/gpu_memory_h200.jsonl`; table: `python benchmarks/gpu_memory.py --render benchmarks/results/gpu_memory_h200.jsonl --write`.", marker="gpu_memory", heading="Training step on the GPU (measured)")
+            write_section(markdown + "\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_memory.py --model <config> --layers <N> --steps 10 --modes <modes> --out $OUT` on the GPU machine; raw records: `benchmarks/results/gpu_memory_h200.jsonl`; table: `python benchmarks/gpu_memory.py --render benchmarks/results/gpu_memory_h200.jsonl --write`.", marker="gpu_memory", heading="Training step on the GPU (measured)")
         return
     run(args)
 

@@ -13,7 +13,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-import pytest
 import torch
 from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
 from hypothesis import strategies as st
