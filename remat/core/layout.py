@@ -120,22 +120,29 @@ def recompute_closure(
     return list(chosen)
 
 
+Item = TypeVar("Item")
+
+
 def region_io(
-    steps: Iterable[tuple[Sequence[str], Sequence[str]]], wanted: Collection[str] | None = None
-) -> tuple[list[str], list[str]]:
-    """For a group of ops given as ``(reads, writes)`` name sequences in order: the names read and not
-    written before (order of first use), and the names written (order of definition) that are in
-    ``wanted`` (all when None) and are not inputs.  The rule a region's signature follows."""
-    produced: dict[str, None] = {}
-    inputs: dict[str, None] = {}
+    steps: Iterable[tuple[Iterable[Item], Iterable[Item]]],
+    wanted: Collection[str] | None = None,
+    name: Callable[[Item], str] | None = None,
+) -> tuple[list[Item], list[Item]]:
+    """For a group of ops given as ``(reads, writes)`` in order: what they read and did not write before
+    (order of first use), and what they write (order of definition) that is in ``wanted`` (all when None)
+    and is not an input.  The rule a region's signature follows.  Items are names, or anything whose
+    name ``name(item)`` gives (the Thunder adapter passes proxies); the first item of a name is kept."""
+    produced: dict[str, Item] = {}
+    inputs: dict[str, Item] = {}
     for reads, writes in steps:
-        for name in reads:
-            if name not in produced and name not in inputs:
-                inputs[name] = None
-        for name in writes:
-            produced.setdefault(name)
-    written = [name for name in produced if (wanted is None or name in wanted) and name not in inputs]
-    return list(inputs), written
+        for item in reads:
+            key = item if name is None else name(item)
+            if key not in produced and key not in inputs:
+                inputs[key] = item
+        for item in writes:
+            produced.setdefault(item if name is None else name(item), item)
+    written = [item for key, item in produced.items() if (wanted is None or key in wanted) and key not in inputs]
+    return list(inputs.values()), written
 
 
 def _op_io(graph: FusionGraph, nodes: Sequence[int], wanted: Collection[str] | None = None) -> tuple[list[str], list[str]]:

@@ -18,7 +18,7 @@ from the op table (:mod:`remat.core.ops`) through :func:`symbol_facts`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,21 +204,15 @@ def _stand_alone_view_base(bsym: BoundSymbol, kind: str, source: str, tensors: d
     return alias_base(source, tensors)
 
 
-def _region_views(
-    members: Sequence[tuple[str, ViewFacts | None]], inputs, outputs, tensors: dict, strides: dict
-) -> dict[str, str]:
-    """The region rule (:func:`remat.core.views.region_views`) on a region's members, given as
-    ``(kind, view facts)`` pairs."""
-
-    def candidates() -> Iterator[tuple[str, tuple[str, ...], tuple[str, ViewFacts]]]:
-        for kind, facts in members:
-            if facts is not None:
-                yield facts.source, (facts.output,), (kind, facts)
-
-    return region_views(
-        candidates(), set(inputs) | set(outputs), lambda name: alias_base(name, tensors),
-        lambda member: member_view(member[0], member[1], strides),
-    )
+def _aliasing_members(bsyms: Iterable[BoundSymbol]) -> Iterator[tuple[str, tuple[str], tuple[str, BoundSymbol]]]:
+    """``(source, (output,), (kind, bsym))`` for the aliasing prims among ``bsyms`` (names only: the
+    layout facts are read later, and only for ops on a chain that matters)."""
+    for bsym in bsyms:
+        kind = symbol_facts(bsym)[0]
+        if kind in ALIASING_PRIMS and bsym.args:
+            source, out = bsym.args[0], bsym.output
+            if isinstance(source, TensorProxy) and isinstance(out, TensorProxy):
+                yield source.name, (out.name,), (kind, bsym)
 
 
 _UNIT_KINDS = {RETURN_KIND: "return", COTANGENT_KIND: "cotangent"}
@@ -372,14 +366,24 @@ class _Reader:
             return _stand_alone_view_base(bsym, kind, ins[0], self.tensors, self.strides, self.shape_of)
         return None
 
-    def _views_of(self, region: BoundSymbol, members: Callable[[], Sequence], ins, outs) -> dict[str, str]:
-        """The region's views: reused from the graph this trace was rewritten from where the region is
-        the same bound symbol, else found from ``members()`` (``(kind, view facts)`` pairs)."""
+    def _views_of(self, region: BoundSymbol, ins, outs, view_facts: dict[int, ViewFacts] | None = None) -> dict[str, str]:
+        """The region rule (:func:`remat.core.views.region_views`) on a region: reused from the graph
+        this trace was rewritten from where the region is the same bound symbol.  ``view_facts``: the
+        facts already read per member (by ``id``), else they are read when needed."""
         known = self.known_views.get(id(region))
         if known is not None and known[0] is region:
             views = known[1]
         else:
-            views = _region_views(members(), ins, outs, self.tensors, self.strides)
+            strides, shape_of, tensors = self.strides, self.shape_of, self.tensors
+
+            def is_view(member: tuple[str, BoundSymbol]) -> bool:
+                kind, bsym = member
+                facts = view_facts.get(id(bsym)) if view_facts is not None else _view_facts(bsym, kind, shape_of)
+                return member_view(kind, facts, strides)
+
+            views = region_views(
+                _aliasing_members(region.subsymbols), set(ins) | set(outs), lambda name: alias_base(name, tensors), is_view
+            )
         self.region_views_by_id[id(region)] = (region, views)
         return views
 
@@ -390,11 +394,7 @@ class _Reader:
         if unit_kind == "op":
             alias = self._stand_alone_base(bsym, kind, symbol_facts(bsym)[1], ins)
         elif unit_kind == "region":
-
-            def members() -> list[tuple[str, ViewFacts | None]]:
-                return [(k, _view_facts(m, k, self.shape_of)) for m in bsym.subsymbols for k in [symbol_facts(m)[0]]]
-
-            region_views = self._views_of(bsym, members, ins, outs)
+            region_views = self._views_of(bsym, ins, outs)
         for p in bsym.flat_proxy_outs:
             if p.name in ins:
                 continue
@@ -418,9 +418,10 @@ class _Reader:
         member_facts = [symbol_facts(m) for m in members]
         member_views = [_view_facts(m, f[0], self.shape_of) if is_region else None for m, f in zip(members, member_facts)]
         region_name = bsym.sym.name if is_region else None
-        region_views = (
-            self._views_of(bsym, lambda: [(f[0], v) for f, v in zip(member_facts, member_views)], ins, outs) if is_region else {}
-        )
+        if is_region:
+            region_views = self._views_of(bsym, ins, outs, {id(m): v for m, v in zip(members, member_views) if v is not None})
+        else:
+            region_views = {}
         local_producer: dict[str, int] = {}
         nodes: list[int] = []
         unit_flops = 0

@@ -15,6 +15,7 @@ capture executor (:mod:`remat.thunder.capture`) and the executor inside ``thunde
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 
 from thunder.core import prims
@@ -23,12 +24,14 @@ from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.extend import FUEL_LEVEL, FusionExecutor
 
 from remat._version import __version__
-from remat.core.layout import region_io as name_region_io
+from remat.core.layout import region_io as core_region_io
 from remat.core.layout import region_name
 from remat.core.ops import NVFUSER_FUSIBLE_PRIMS
 from remat.thunder.runtimes import region_callable, resolve_runtime
 
 __all__ = ["ClaimingExecutor", "RegionExecutor", "make_region", "region_io", "default_region_executor"]
+
+_NAME = operator.attrgetter("name")
 
 
 class ClaimingExecutor(FusionExecutor):
@@ -116,16 +119,6 @@ def make_region(
 def region_io(bsyms: Sequence[BoundSymbol], needed_after: Iterable[str] | None) -> tuple[list[Proxy], list[Proxy]]:
     """Inputs (read, not written inside, in order of first use) and outputs (written inside and in
     ``needed_after``, in order of definition) of a group of bound symbols, as proxies
-    (:func:`remat.core.layout.region_io` on their names)."""
-    proxies: dict[str, Proxy] = {}
-    steps = []
-    for bsym in bsyms:
-        reads, writes = bsym.flat_proxy_args, bsym.flat_proxy_outs
-        for p in reads:
-            proxies.setdefault(p.name, p)
-        for p in writes:
-            proxies.setdefault(p.name, p)
-        steps.append(([p.name for p in reads], [p.name for p in writes]))
+    (:func:`remat.core.layout.region_io`)."""
     wanted = set(needed_after) if needed_after is not None else None
-    inputs, outputs = name_region_io(steps, wanted)
-    return [proxies[n] for n in inputs], [proxies[n] for n in outputs]
+    return core_region_io(((b.flat_proxy_args, b.flat_proxy_outs) for b in bsyms), wanted, _NAME)
