@@ -115,8 +115,13 @@ def _has_side_effect(bsym: BoundSymbol, kind: str) -> bool:
     return has_tags(bsym, set(_SIDE_EFFECT_TAGS))
 
 
-def _symbolic_dims(proxy: TensorProxy, shape: Sequence[Any]) -> str:
-    return ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
+def _symbolic_shape_message(proxy: TensorProxy, shape: Sequence[Any]) -> str:
+    """Why a tensor with a symbolic shape cannot be planned (one message for every place that refuses it)."""
+    dims = ", ".join(str(d) if type(d) is int else getattr(d, "name", "?") for d in shape)
+    return (
+        f"tensor {proxy.name} has a symbolic shape ({dims}); remat plans static shapes only "
+        "(trace with thunder.jit's default cache option, not 'symbolic values')"
+    )
 
 
 def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
@@ -129,10 +134,7 @@ def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
         numel = 1
         for d in shape:
             if type(d) is not int:
-                raise UnsupportedTraceError(
-                    f"tensor {proxy.name} has a symbolic shape ({_symbolic_dims(proxy, shape)}); remat models static "
-                    "shapes only (trace with thunder.jit's default cache option, not 'symbolic values')"
-                )
+                raise UnsupportedTraceError(_symbolic_shape_message(proxy, shape))
             numel *= d
         dtype = proxy.dtype
         return shape, _dtype_name(dtype), numel * dtype.bytes
@@ -147,10 +149,7 @@ def check_trace(trace: TraceCtx) -> str | None:
         if isinstance(proxy, TensorProxy):
             shape = getattr(proxy, "_shape", None) or ()
             if any(type(d) is not int for d in shape):
-                return (
-                    f"tensor {proxy.name} has a symbolic shape ({_symbolic_dims(proxy, shape)}); remat plans static "
-                    "shapes only (thunder.jit's default cache option)"
-                )
+                return _symbolic_shape_message(proxy, shape)
         return None
 
     for proxy in trace.args:
