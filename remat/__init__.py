@@ -57,6 +57,8 @@ _LAZY = {
     "pareto": "remat.pipeline",
     "estimate_memory": "remat.pipeline",
     "executor": "remat.compile",
+    "executors": "remat.compile",
+    "install": "remat.compile",
     "executor_of": "remat.compile",
     "jit": "remat.compile",
 }

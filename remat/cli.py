@@ -1,22 +1,128 @@
-"""Command line: ``python -m remat demo`` and ``python -m remat report``."""
+"""Command line: ``python -m remat demo`` and ``python -m remat report``.
+
+Arguments are checked before any work (tracing a 7B config takes minutes), each kind by one validator
+that every command uses, so the same mistake gives the same message everywhere: ``error: ...`` on stderr
+and exit status 2, as argparse does for what it checks itself.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from remat.core.memory import format_bytes
+from remat._logging import logger
+from remat.errors import MissingExtraError
+from remat.core.memory import MemoryBudget, format_bytes
 from remat.models import check_config_name, demo_model
-from remat.pipeline import estimate_memory, optimize
+from remat.pipeline import optimize
 from remat.report import run as run_report
 from remat.thunder.capture import training_trace
-from remat.thunder.execute import example_inputs, execute_joint, thunder_rematerialize
+from remat.thunder.execute import example_inputs, execute_joint
 from remat.thunder.fuse import fuse
 
-__all__ = ["main", "run_demo"]
+__all__ = ["main", "run_demo", "validate_args", "UsageError", "check_model", "check_positive", "check_budget", "check_device", "check_out_dir"]
+
+#: Devices a model can be built and traced on here (meta: proxies only, no memory, no math).
+DEVICE_TYPES = ("meta", "cpu", "cuda")
+
+
+class UsageError(ValueError):
+    """A command-line argument is wrong; the message names the argument (printed as ``error: ...``)."""
+
+
+# ---------------------------------------------------------------------------------------- validators
+
+
+def check_model(name: str) -> str:
+    """``--model``: a LitGPT config name (:func:`remat.models.check_config_name`, the one rule)."""
+    try:
+        check_config_name(name)
+    except ValueError as exc:
+        raise UsageError(f"--model: {exc}") from None
+    return name
+
+
+def check_positive(flag: str, value: int) -> int:
+    """``--layers`` / ``--seq``: a positive integer (argparse has made it an int)."""
+    if value < 1:
+        raise UsageError(f"{flag} must be a positive integer, got {value}")
+    return value
+
+
+def check_budget(text: str | None) -> MemoryBudget | None:
+    """``--budget``: what :meth:`remat.MemoryBudget.parse` reads (the one rule for budgets)."""
+    try:
+        return MemoryBudget.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--budget: {exc}") from None
+
+
+def check_device(text: str) -> str:
+    """``--device``: ``meta``, ``cpu`` or ``cuda[:N]``, and a CUDA device only where there is one."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device name; use one of meta, cpu, cuda or cuda:N") from None
+    if device.type not in DEVICE_TYPES:
+        raise UsageError(f"--device {text!r}: models are built on meta, cpu or cuda[:N] here, not {device.type}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(
+                f"--device {text!r}: torch sees no CUDA device on this machine; use --device meta (tracing only, "
+                "no memory or math) or cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device {text!r}: this machine has {count} CUDA device(s), numbered from 0")
+    return text
+
+
+def check_out_dir(text: str) -> Path:
+    """``--out``: a directory that exists or can be created, and that a file can be written into.  It is
+    created here (an empty directory is all a failed check can leave), and probed with a temporary file
+    (deleted at once), because permission bits do not tell (root, read-only mounts)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {text!r} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {text!r} cannot be created: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {text!r} cannot be written into: {exc.strerror or exc}") from None
+    return path
+
+
+#: Each argument kind and its validator, in the order they are checked: what only reads the arguments
+#: first, ``--out`` (which creates the directory) last.  A command checks the arguments it has.
+_VALIDATORS: tuple[tuple[str, Callable[[object], object]], ...] = (
+    ("model", check_model),
+    ("layers", lambda value: check_positive("--layers", value)),
+    ("seq", lambda value: check_positive("--seq", value)),
+    ("budget", check_budget),
+    ("device", check_device),
+    ("out", check_out_dir),
+)
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with every argument checked (and read: ``budget`` as a :class:`remat.MemoryBudget`,
+    ``out`` as a ``Path``); :class:`UsageError` naming the first wrong one."""
+    for name, check in _VALIDATORS:
+        if hasattr(args, name):
+            setattr(args, name, check(getattr(args, name)))
+    return args
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -30,13 +136,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    try:  # a message, not litgpt's traceback
-        check_config_name(args.model)
-        if args.layers < 1 or args.seq < 1:
-            raise ValueError(f"--layers and --seq must be positive, got {args.layers} and {args.seq}")
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """``python -m remat demo`` on arguments :func:`validate_args` accepted."""
     started = time.perf_counter()
     print(
         f"remat demo: LitGPT {args.model} shrunk to n_embd 128, {args.layers} layers, seq {args.seq}, "
@@ -49,9 +149,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"  traced the joint forward+backward trace in {time.perf_counter() - t:.1f} s (no tensor math ran)")
     fused = fuse(joint)
 
-    thunder_trace, thunder_seconds = thunder_rematerialize(fused)
-    thunder_profile = estimate_memory(thunder_trace)
-    result = optimize(fused)
+    result = optimize(fused)  # compares with Thunder's own rematerialize of the same trace
+    thunder_profile, thunder_seconds = result.candidates["thunder"], result.baseline_seconds
     graph = result.graph
     regions = sum(1 for u in graph.units if u.kind == "region")
     saved_count = len(result.plan.saved) if result.plan else 0
@@ -61,7 +160,8 @@ def run_demo(args: argparse.Namespace) -> int:
     rows.append(("no rematerialization", format_bytes(result.before.saved_bytes), format_bytes(result.before.peak_bytes), "-", "-"))
     rows.append(("Thunder 0.2.6 rematerialize", format_bytes(thunder_profile.saved_bytes), format_bytes(thunder_profile.peak_bytes), "-", f"{thunder_seconds * 1e3:.0f} ms"))
     recomputed = str(len(result.plan.recomputed_ops)) if result.plan else "-"
-    rows.append(("remat.optimize", format_bytes(result.after.saved_bytes), format_bytes(result.after.peak_bytes), recomputed, f"{result.seconds * 1e3:.0f} ms"))
+    kept = "remat.optimize" if result.applied else f"remat.optimize (kept {result.chosen})"
+    rows.append((kept, format_bytes(result.after.saved_bytes), format_bytes(result.after.peak_bytes), recomputed, f"{result.seconds * 1e3:.0f} ms"))
     print()
     print(_table(rows))
     print(
@@ -84,7 +184,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m remat", description=__doc__)
+    """Run one command (``argv`` defaults to ``sys.argv[1:]``) and return its exit status: 2, with
+    ``error: ...`` on stderr, for a wrong argument, before any work."""
+    parser = argparse.ArgumentParser(prog="python -m remat", description="remat on LitGPT models: a demo, and a report.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="trace a small LitGPT model on CPU and show what remat does")
     demo.add_argument("--model", default="stablecode-completion-alpha-3b", help="LitGPT config name")
@@ -101,13 +203,45 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--model", required=True, help="LitGPT config name, e.g. stablecode-completion-alpha-3b")
     report.add_argument("--layers", type=int, default=2)
     report.add_argument("--seq", type=int, default=4096)
-    report.add_argument("--budget", default=None, help="memory budget: a fraction of the estimated peak (0.8) or a size (600MiB)")
+    report.add_argument("--budget", default=None, help="memory budget: a fraction of the default plan's estimated peak (0.8) or a size (600MiB)")
     report.add_argument("--out", required=True, help="directory to write into (created if needed)")
     report.add_argument("--width", choices=("full", "demo"), default="full", help="full config, or shrunk to n_embd 128 (fast)")
-    report.add_argument("--device", default="meta", help="device the model is built on (meta: tracing only)")
+    report.add_argument("--device", default="meta", help="meta, cpu or cuda[:N]: where the model is built (meta: tracing only)")
     report.set_defaults(func=run_report)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its usage error (status 2) or --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        validate_args(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with _progress():
+        try:
+            return args.func(args)
+        except MissingExtraError as exc:  # e.g. report's pictures without matplotlib
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+
+@contextlib.contextmanager
+def _progress():
+    """remat's stage log (:mod:`remat._logging`) as the command's progress on stderr, one line per stage,
+    unless the application configured logging itself."""
+    if logger.handlers or logging.getLogger().handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("  [remat] %(message)s"))
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 if __name__ == "__main__":

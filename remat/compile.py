@@ -16,9 +16,9 @@ from remat.core.memory import MemoryBudget
 from remat.core.policies import FusionPolicy, RecomputePolicy, check_policy
 from remat.pipeline import optimize
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
-from remat.thunder.executor import RematExecutor, jit_with
+from remat.thunder.executor import DefaultsInstalled, RematExecutor, default_executors, install_defaults, jit_with
 
-__all__ = ["executor", "jit", "executor_of"]
+__all__ = ["executor", "executors", "install", "jit", "executor_of"]
 
 #: Keywords of remat 0.1 that meant two things each (docs/api.md lists the renames).
 _RENAMED = {
@@ -35,19 +35,76 @@ def executor(
     recompute: RecomputePolicy | None = None,
     solver: Solver = DEFAULT_SOLVER,
     strict: bool = False,
+    plan: bool = True,
 ) -> RematExecutor:
     """A :class:`RematExecutor` for ``thunder.jit(fn, executors=[..., remat.executor()])``.
 
     ``runtime``: what runs the regions, ``"auto"`` (nvFuser on CUDA, else the torch reference),
     ``"nvfuser"`` or ``"torch"``.  ``fusion``: which ops join regions (default ``FusionPolicy()``,
     matmuls outside regions).  ``memory_budget``, ``recompute``, ``solver``, ``strict``: as for
-    :func:`remat.optimize`.  Arguments are checked here, before any tracing.
+    :func:`remat.optimize`.  ``plan=False`` only forms and runs regions, with no rematerialization at
+    all (neither remat's nor Thunder's): when numbers differ from eager, it tells whether the regions or
+    the cut are the cause.  Arguments are checked here, before any tracing.
     """
     budget = MemoryBudget.parse(memory_budget)
     check_policy(recompute, RecomputePolicy, "recompute")
     resolve_solver(solver)
-    optimizer = functools.partial(optimize, memory_budget=budget, recompute=recompute, solver=solver, strict=strict)
+    if not isinstance(plan, bool):
+        raise TypeError(f"plan must be True or False, got {type(plan).__name__}")
+    if not plan and (budget is not None or recompute is not None):
+        raise ValueError("plan=False fuses only: memory_budget= and recompute= have nothing to apply to")
+    optimizer = (
+        functools.partial(optimize, memory_budget=budget, recompute=recompute, solver=solver, strict=strict) if plan else None
+    )
     return RematExecutor(optimizer, fusion=fusion, runtime=runtime, strict=strict)
+
+
+def executors(
+    memory_budget: MemoryBudget | int | float | str | None = None,
+    *,
+    runtime: str = "auto",
+    fusion: FusionPolicy | None = None,
+    recompute: RecomputePolicy | None = None,
+    solver: Solver = DEFAULT_SOLVER,
+    strict: bool = False,
+    attention: str = "auto",
+    plan: bool = True,
+) -> list[Any]:
+    """The executor list for code you do not own: ``thunder.jit(fn, executors=remat.executors())``, or
+    ThunderFX's ``ThunderCompiler(executors=remat.executors())``.  It is what :func:`jit` uses: Thunder's
+    attention executors, then remat's (:func:`executor`, with these arguments) in nvFuser's place; see
+    :func:`jit` for ``attention``.  The remat executor is the last element."""
+    ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
+    return default_executors(ex, attention)
+
+
+def install(
+    memory_budget: MemoryBudget | int | float | str | None = None,
+    *,
+    runtime: str = "auto",
+    fusion: FusionPolicy | None = None,
+    recompute: RecomputePolicy | None = None,
+    solver: Solver = DEFAULT_SOLVER,
+    strict: bool = False,
+    attention: str = "auto",
+    plan: bool = True,
+) -> DefaultsInstalled:
+    """Make remat Thunder's default fusion executor (:func:`executors` with these arguments), so that
+    ``thunder.jit(fn)`` and ThunderFX without ``executors=``, e.g. in a trainer you do not own, compile
+    with remat.  Scoped: ``with remat.install(): ...`` puts Thunder's defaults back at the end, or call
+    ``.uninstall()`` on the returned object.  Functions jitted while installed keep remat."""
+    return install_defaults(
+        executors(
+            memory_budget,
+            runtime=runtime,
+            fusion=fusion,
+            recompute=recompute,
+            solver=solver,
+            strict=strict,
+            attention=attention,
+            plan=plan,
+        )
+    )
 
 
 def jit(
@@ -60,6 +117,7 @@ def jit(
     solver: Solver = DEFAULT_SOLVER,
     strict: bool = False,
     attention: str = "auto",
+    plan: bool = True,
     **jit_options: Any,
 ):
     """``thunder.jit(fn)`` with remat's executor in place of nvFuser (see :func:`executor`).
@@ -67,6 +125,7 @@ def jit(
     ``attention``: ``"auto"`` runs attention with cuDNN's fused kernels where PyTorch's cuDNN attention
     applies (Hopper GPUs; what PyTorch and torch.compile pick there), else as Thunder would;
     ``"thunder"`` always as Thunder would (see :func:`remat.thunder.executor.default_executors`).
+    ``plan=False``: regions only, no rematerialization (see :func:`executor`).
     Extra keyword arguments go to ``thunder.jit``.  The executor is reachable as
     ``remat.executor_of(jitted)`` to inspect ``last_result`` (the plan of the last compilation).
     """
@@ -75,7 +134,7 @@ def jit(
     for old, new in _RENAMED.items():  # thunder.jit would take them as compile options, silently
         if old in jit_options:
             raise TypeError(f"remat.jit: {old}= was renamed: {new}")
-    ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict)
+    ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
     return jit_with(fn, ex, attention, **jit_options)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from remat.errors import require_extra
+
 __all__ = ["LitGPTModel", "VOCAB", "check_config_name", "litgpt_config", "litgpt_model", "demo_model"]
 
 #: The vocabulary size of every model built here (the anchors in DESIGN.md use vocab 512).
@@ -42,7 +44,7 @@ class LitGPTModel:
 
 def check_config_name(name: str) -> None:
     """Raise ``ValueError`` unless ``name`` is a LitGPT config name."""
-    from litgpt import Config
+    Config = require_extra("litgpt", "LitGPT models (remat.models)").Config
 
     try:
         Config.from_name(name)
@@ -52,7 +54,7 @@ def check_config_name(name: str) -> None:
 
 def litgpt_config(name: str, layers: int = 2, seq: int = 4096, *, width: str = "full", vocab: int = VOCAB, **overrides: Any):
     """The ``litgpt.Config`` of :func:`litgpt_model` (``overrides`` go to ``Config.from_name``)."""
-    from litgpt import Config
+    Config = require_extra("litgpt", "LitGPT models (remat.models)").Config
 
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1 or isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"layers and seq must be positive integers, got layers={layers!r}, seq={seq!r}")
@@ -83,7 +85,7 @@ def litgpt_model(
 
     ``dtype``: the parameters' dtype (default: bf16 at full width, fp32 at demo width).  Raises
     ``ValueError`` for an unknown config name, width or a non-positive layer count or sequence length."""
-    from litgpt import GPT
+    GPT = require_extra("litgpt", "LitGPT models (remat.models)").GPT
 
     config = litgpt_config(name, layers, seq, width=width, vocab=vocab, **overrides)
     dtype = dtype or (torch.bfloat16 if width == "full" else torch.float32)

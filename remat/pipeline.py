@@ -14,46 +14,58 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from remat.core.ir import FORWARD, FusionGraph
-from remat.core.memory import MemoryBudget, MemoryProfile, format_bytes, profile_graph
+from remat.core.ir import FORWARD, FusionGraph, describe_values
+from remat.core.memory import MemoryBudget, MemoryProfile, profile_graph
+from remat.core.units import format_bytes, format_flops, format_seconds, format_share
 from remat.core.plain import plain_graph
 from remat.core.policies import RecomputePolicy, check_policy
 from remat.errors import (
     InPlaceError,
     NoBackwardError,
     OptimizationError,
-    OptimizationWarning,
     RematError,
     UnknownOpError,
+    warn,
 )
+from remat._logging import logger, stage
 from remat.planning import budget as budgets
 from remat.planning.budget import ParetoPoint
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
 from remat.planning.plan import Plan, plan_graph
 from remat.thunder import TraceCtx
-from remat.thunder.read import read_trace
+from remat.thunder.execute import rebuild_regions, thunder_rematerialize
+from remat.thunder.read import random_draws, read_trace
 from remat.thunder.rewrite import apply_plan
 
-__all__ = ["Result", "optimize", "pareto", "estimate_memory", "left_as_is"]
+__all__ = ["CANDIDATES", "Result", "optimize", "pareto", "estimate_memory", "left_as_is"]
+
+
+#: What :attr:`Result.chosen` may name: remat's plan, Thunder's own ``rematerialize``, or the trace as it came.
+CANDIDATES = ("remat", "thunder", "unplanned")
 
 
 @dataclass
 class Result:
     """What :func:`optimize` did.
 
-    ``trace``: the optimized trace (on fallback, the original).  ``plan``: the :class:`~remat.Plan`
-    (None on fallback).  ``before`` / ``after``: :class:`~remat.MemoryProfile` of the original and the
-    optimized trace.  ``graph``: the :class:`~remat.FusionGraph` of the original trace (the plan's node
-    ids refer to it); ``after_graph``: that of the optimized trace (read on first use).
-    ``extra_flops``: FLOPs the backward now recomputes (counted per placement); ``step_flops``: FLOPs of
-    the original step.  ``placements``: region -> recomputed op nodes.  ``applied``: False when the trace
-    was left as it was; ``notes`` says why (or what else happened).  ``frontier``: with a memory budget,
-    the Pareto frontier the plan was chosen from (see :func:`remat.pareto`).
+    ``trace``: the trace to run: remat's rewrite, or (when that would not lower the estimated peak)
+    Thunder's own ``rematerialize`` of the same trace, or the trace as it came; ``chosen`` says which
+    (``"remat"``, ``"thunder"`` or ``"unplanned"``) and ``notes`` why.  ``plan``: remat's
+    :class:`~remat.Plan` (None only when planning failed); ``applied``: True when ``trace`` is remat's
+    rewrite by it.  ``before`` / ``after``:
+    :class:`~remat.MemoryProfile` of the input trace and of ``trace``.  ``candidates``: the memory
+    profile of every trace compared (the same names as ``chosen``).  ``graph``: the
+    :class:`~remat.FusionGraph` of the input trace (the plan's node ids refer to it); ``after_graph``:
+    that of ``trace`` (read on first use).  ``extra_flops``: FLOPs the step runs beyond the input
+    trace's (docs/concepts.md, "extra FLOPs": each recomputation counted every time it runs);
+    ``step_flops``: FLOPs of the input step.  ``seconds``: remat's own time (reading, planning,
+    rewriting); ``baseline_seconds``: Thunder's ``rematerialize``, run for the comparison.
+    ``placements``: region -> recomputed op nodes (empty unless applied).  ``frontier``: with a memory budget, the Pareto frontier the plan was chosen from (see
+    :func:`remat.pareto`).
     """
 
     trace: TraceCtx
@@ -70,6 +82,9 @@ class Result:
     #: region of ``trace`` -> op nodes of ``graph`` it recomputes (new recompute regions included)
     placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
     frontier: list[ParetoPoint] | None = None
+    chosen: str = "remat"
+    candidates: dict[str, MemoryProfile] = field(default_factory=dict)
+    baseline_seconds: float = 0.0
 
     @functools.cached_property
     def after_graph(self) -> FusionGraph:
@@ -79,24 +94,52 @@ class Result:
             return self.graph
         return read_trace(self.trace, derived_from=self.graph)
 
-    def summary(self) -> str:
-        mib = 2**20
+    def summary(self, compare: bool = False) -> str:
+        """A few lines in human units: memory before -> after, extra FLOPs, time, notes.  ``compare=True``
+        adds a table of every trace compared (the input, Thunder's ``rematerialize``, remat's plan)."""
+        extra = f"{format_flops(self.extra_flops)} ({format_share(self.extra_flops, self.step_flops)} of the step)"
         lines = [
-            f"saved activations: {self.before.saved_bytes / mib:.1f} MiB -> {self.after.saved_bytes / mib:.1f} MiB",
-            f"estimated peak:    {self.before.peak_bytes / mib:.1f} MiB -> {self.after.peak_bytes / mib:.1f} MiB",
-            f"extra FLOPs:       {self.extra_flops:.3g} ({100 * self.extra_flops / max(self.step_flops, 1):.2f}% of the step)",
-            f"optimizer time:    {self.seconds * 1e3:.1f} ms",
+            f"kept:              {_KEPT[self.chosen]}",
+            f"saved activations: {format_bytes(self.before.saved_bytes)} -> {format_bytes(self.after.saved_bytes)}",
+            f"estimated peak:    {format_bytes(self.before.peak_bytes)} -> {format_bytes(self.after.peak_bytes)}",
+            f"extra FLOPs:       {extra}",
+            f"optimizer time:    {format_seconds(self.seconds)}"
+            + (f" (+ {format_seconds(self.baseline_seconds)} for Thunder's rematerialize)" if self.baseline_seconds else ""),
         ]
+        lines += self._largest_values()
+        if compare and self.candidates:
+            rows = [("trace", "saved", "est. peak", "")]
+            for name in CANDIDATES:
+                if name in self.candidates:
+                    profile = self.candidates[name]
+                    rows.append((_KEPT[name], format_bytes(profile.saved_bytes), format_bytes(profile.peak_bytes), "kept" if name == self.chosen else ""))
+            widths = [max(len(row[i]) for row in rows) for i in range(4)]
+            lines.append("")
+            lines += ["  ".join(cell.ljust(w) if i in (0, 3) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def _largest_values(self, count: int = 3) -> list[str]:
+        """The largest saved and recomputed values, with the module each comes from (where known)."""
+        lines = []
+        graph = self.after_graph
+        saved = sorted(self.after.saved_tensors, key=lambda name: -graph.tensors[name].bytes)[:count]
+        if saved:
+            lines.append(f"largest saved:     {'; '.join(describe_values(graph, saved))}")
+        if self.applied and self.plan.recomputed_values:
+            values = sorted(self.plan.recomputed_values, key=lambda name: -self.graph.tensors[name].bytes)
+            shown = "; ".join(describe_values(self.graph, values[:count]))
+            lines.append(f"recomputed:        {len(values)} values, largest {shown}")
+        return lines
+
     def __repr__(self) -> str:
-        mib = 2**20
         return (
-            f"Result(saved {self.before.saved_bytes / mib:.1f}->{self.after.saved_bytes / mib:.1f} MiB, "
-            f"peak {self.before.peak_bytes / mib:.1f}->{self.after.peak_bytes / mib:.1f} MiB, "
-            f"{'applied' if self.applied else 'not applied'})"
+            f"Result(saved {format_bytes(self.before.saved_bytes)} -> {format_bytes(self.after.saved_bytes)}, "
+            f"peak {format_bytes(self.before.peak_bytes)} -> {format_bytes(self.after.peak_bytes)}, kept {self.chosen})"
         )
+
+
+_KEPT = {"remat": "remat's plan", "thunder": "Thunder's rematerialize", "unplanned": "the trace as it came"}
 
 
 def optimize(
@@ -106,23 +149,29 @@ def optimize(
     recompute: RecomputePolicy | None = None,
     solver: Solver = DEFAULT_SOLVER,
     strict: bool = False,
+    thunder_baseline: bool = True,
 ) -> Result:
     """Plan and apply one global rematerialization of a (fused) joint Thunder trace.
 
     ``recompute`` says what may be recomputed (a :class:`~remat.RecomputePolicy`; default: no matmuls,
     attention, reductions or stateful RNG).  ``memory_budget`` (a :class:`~remat.MemoryBudget`: bytes as an
-    int, a fraction in (0, 1] of the un-optimized estimated peak as a float, or a string like ``"600MiB"``
-    or ``"70%"``) asks for more recomputation until the estimated peak fits; see
-    :mod:`remat.planning.budget`.  ``solver`` picks the min-cut algorithm (``"dinic"``,
-    ``"preflow_push"`` or a function; :mod:`remat.planning.flow`).
+    int, a fraction in (0, 1] of the default plan's estimated peak (what remat uses without a budget) as a
+    float, or a string like ``"600MiB"`` or ``"70%"``) asks for more recomputation until the estimated
+    peak fits; see :mod:`remat.planning.budget`.  ``solver`` picks the
+    min-cut algorithm (``"dinic"``, ``"preflow_push"`` or a function; :mod:`remat.planning.flow`).
+
+    Never worse than Thunder, by construction: the trace returned has the lowest estimated peak of remat's
+    rewrite, Thunder's own ``rematerialize`` of the same trace (with ``thunder_baseline=True``, the
+    default) and the trace as it came; remat's wins ties.  ``Result.chosen`` says which was kept and
+    ``Result.notes`` why; keeping another trace is not a failure and does not warn.
 
     What remat cannot handle is left as the trace has it, each cause with one
-    :class:`OptimizationWarning` (docs/robustness.md): a failing solve or rewrite, or a plan that would
-    raise the estimated peak, returns the input trace (``applied=False``); forward ops of a kind remat
-    does not know, and ops reading a buffer that an in-place op writes later, are never recomputed (the
-    rest is optimized).  With ``strict=True`` each of these raises a :class:`remat.RematError` subclass
-    instead (:class:`~remat.OptimizationError`, :class:`~remat.UnknownOpError`,
-    :class:`~remat.InPlaceError`).  ``Result.original`` is always the input trace, unchanged.
+    :class:`OptimizationWarning` (docs/robustness.md): a failing solve or rewrite returns the best of the
+    other traces (``applied=False``); forward ops of a kind remat does not know, and ops reading a buffer
+    that an in-place op writes later, are never recomputed (the rest is optimized).  With ``strict=True``
+    each of these raises a :class:`remat.RematError` subclass instead (:class:`~remat.OptimizationError`,
+    :class:`~remat.UnknownOpError`, :class:`~remat.InPlaceError`).  ``Result.original`` is always the
+    input trace, unchanged.
 
     Raises ``TypeError`` (not a trace; wrong budget or policy type), ``ValueError`` (unknown solver, a
     budget that is neither bytes nor a fraction), :class:`remat.NoBackwardError` (no backward),
@@ -134,44 +183,143 @@ def optimize(
     budget = MemoryBudget.parse(memory_budget)
     check_policy(recompute, RecomputePolicy, "recompute")
     resolve_solver(solver)
+    if not isinstance(thunder_baseline, bool):
+        raise TypeError(f"thunder_baseline must be True or False, got {type(thunder_baseline).__name__}")
     start = time.perf_counter()
-    graph = read_trace(trace)
-    if not graph.is_joint:
-        raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
-    before = profile_graph(graph)
-    choice = None
-    try:
-        if budget is None:
-            plan = plan_graph(graph, recompute, solver)
+    with stage("plan") as planning:
+        graph = read_trace(trace)
+        if not graph.is_joint:
+            raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
+        before = profile_graph(graph)
+        causes = left_as_is(graph)
+        if strict and causes:
+            error, message = causes[0]
+            raise error(message)
+        plan, choice, failure = None, None, None
+        try:
+            if budget is None:
+                plan = plan_graph(graph, recompute, solver)
+            else:
+                choice = budgets.plan_for_budget(graph, budget, recompute=recompute, solver=solver)
+                plan = choice.plan
+            planning.detail = f"{len(plan.saved)} values saved, {len(plan.recomputed_ops)} ops recomputed"
+        except Exception as exc:  # a solver failure must never break the user's training step
+            if strict:
+                _raise_strict(f"solver failed: {type(exc).__name__}: {exc}", exc)
+            failure = f"solver: {exc}" if isinstance(exc, RematError) else f"solver failed: {type(exc).__name__}: {exc}"
+    rewritten = None
+    if plan is not None:
+        with stage("rewrite") as rewriting:
+            try:
+                rewritten = apply_plan(trace, graph, plan)
+                remat_profile = profile_graph(read_trace(rewritten.trace, ops=False, derived_from=graph))
+                rewriting.detail = f"estimated peak {format_bytes(before.peak_bytes)} -> {format_bytes(remat_profile.peak_bytes)}"
+            except Exception as exc:  # a rewrite bug must never break the user's training step
+                if strict:
+                    _raise_strict(f"rewrite failed: {type(exc).__name__}: {exc}", exc)
+                failure = f"rewrite failed: {type(exc).__name__}: {exc}"
+                rewritten = None
+    seconds = time.perf_counter() - start
+
+    candidates: dict[str, MemoryProfile] = {}
+    if rewritten is not None:
+        candidates["remat"] = remat_profile
+    thunder_trace, baseline_seconds, notes = None, 0.0, []
+    if thunder_baseline:
+        thunder_trace, baseline_seconds, thunder_note = _thunder_baseline(trace)
+        if thunder_trace is not None:
+            candidates["thunder"] = profile_graph(read_trace(thunder_trace, ops=False))
         else:
-            choice = budgets.plan_for_budget(graph, budget, reference_peak=before.peak_bytes, recompute=recompute, solver=solver)
-            plan = choice.plan
-    except Exception as exc:  # a solver failure must never break the user's training step
-        if strict:
-            _raise_strict(f"solver failed: {type(exc).__name__}: {exc}", exc)
-        reason = f"solver: {exc}" if isinstance(exc, RematError) else f"solver failed: {type(exc).__name__}: {exc}"
-        return _fallback(trace, graph, before, reason, start)
-    result = _apply(trace, graph, before, plan, strict=strict, start=start)
+            notes.append(thunder_note)
+    candidates["unplanned"] = before
+    chosen = min(candidates, key=lambda name: candidates[name].peak_bytes)  # insertion order breaks ties: remat first
+
+    if failure is not None:
+        warn(f"remat's plan was not applied: {failure}; kept {_KEPT[chosen]}")
+        notes.insert(0, failure)
+    elif chosen != "remat":
+        notes.insert(
+            0,
+            f"kept {_KEPT[chosen]}: its estimated peak ({format_bytes(candidates[chosen].peak_bytes)}) is below that of "
+            f"remat's plan ({format_bytes(candidates['remat'].peak_bytes)})",
+        )
+        logger.info("kept %s: lower estimated peak than remat's plan", _KEPT[chosen])
+    if chosen == "remat":
+        for _, message in causes:
+            warn(message)
+            notes.append(message)
+        notes += rewritten.notes
+        result = Result(
+            trace=rewritten.trace,
+            plan=plan,
+            before=before,
+            after=candidates["remat"],
+            graph=graph,
+            extra_flops=rewritten.extra_flops,
+            placements=rewritten.placements,
+            applied=True,
+        )
+    elif chosen == "thunder":
+        thunder_trace = rebuild_regions(thunder_trace)  # rematerialize edits regions, not their callables
+        thunder_graph = read_trace(thunder_trace)
+        result = Result(
+            trace=thunder_trace,
+            plan=plan,
+            before=before,
+            after=candidates["thunder"],
+            graph=graph,
+            extra_flops=max(thunder_graph.step_flops - graph.step_flops, 0),
+            applied=False,
+        )
+        result.__dict__["after_graph"] = thunder_graph  # already read: the cached property's slot
+    else:
+        result = Result(trace=trace, plan=plan, before=before, after=before, graph=graph, applied=False)
+    result.step_flops = graph.step_flops
+    result.seconds = seconds
+    result.baseline_seconds = baseline_seconds
+    result.notes = notes
+    result.original = trace
+    result.chosen = chosen
+    result.candidates = candidates
     if choice is not None:
         _note_budget(result, budget, choice, strict)
     return result
+
+
+def _thunder_baseline(trace: TraceCtx) -> tuple[TraceCtx | None, float, str]:
+    """Thunder's own ``rematerialize`` of ``trace`` (the plan :func:`optimize` must never be worse than),
+    its time, and why it is missing if it failed (Thunder's pass, not remat's: a note, not a warning)."""
+    with stage("thunder baseline"):
+        start = time.perf_counter()
+        try:
+            thunder_trace, _ = thunder_rematerialize(trace)
+        except Exception as exc:
+            logger.info("Thunder's rematerialize failed on this trace: %s: %s", type(exc).__name__, exc)
+            return None, time.perf_counter() - start, f"Thunder's rematerialize failed ({type(exc).__name__}: {exc}); not compared"
+        if random_draws(thunder_trace) != random_draws(trace):
+            # Thunder's pass may reorder ops inside a region: with stateful RNG (dropout on the CPU) that
+            # draws other masks than the input trace would; remat's rewrite keeps the order
+            return None, time.perf_counter() - start, "Thunder's rematerialize reorders random draws (other dropout masks); not compared"
+    return thunder_trace, time.perf_counter() - start, ""
 
 
 def _note_budget(result: Result, budget: MemoryBudget, choice: budgets.BudgetChoice, strict: bool) -> None:
     point, budget_bytes = choice.point, choice.budget_bytes
     if choice.fits:
         result.notes.append(
-            f"budget {budget} ({format_bytes(budget_bytes)}): chose the plan with the fewest extra FLOPs whose estimated "
+            f"budget {budget} ({format_bytes(budget_bytes)}"
+            + (f" of the default plan's {format_bytes(choice.reference_bytes)}" if budget.fraction is not None else "")
+            + "): chose the plan with the fewest extra FLOPs whose estimated "
             f"peak ({format_bytes(point.peak_bytes)}) fits, out of {len(choice.frontier)} on the frontier"
         )
     else:
         message = (
             f"memory budget {budget} ({format_bytes(budget_bytes)}) is not reachable: the smallest estimated peak remat "
-            f"finds is {format_bytes(point.peak_bytes)} (recomputing {point.extra_flops:.3g} FLOPs); using that plan"
+            f"finds is {format_bytes(point.peak_bytes)} (recomputing {format_flops(point.extra_flops)}); using that plan"
         )
         if strict:
             raise OptimizationError(message)
-        warnings.warn(message, OptimizationWarning, stacklevel=3)
+        warn(message)
         result.notes.append(message)
     result.frontier = choice.frontier
 
@@ -219,51 +367,6 @@ def left_as_is(graph: FusionGraph) -> list[tuple[type[RematError], str]]:
     return causes
 
 
-def _fallback(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, reason: str, start: float) -> Result:
-    warnings.warn(f"remat left the trace as it was: {reason}", OptimizationWarning, stacklevel=4)
-    return Result(trace, None, before, before, graph, 0, graph.step_flops, time.perf_counter() - start, False, [reason], trace)
-
-
-def _apply(trace: TraceCtx, graph: FusionGraph, before: MemoryProfile, plan: Plan, *, strict: bool, start: float) -> Result:
-    """Rewrite ``trace`` by ``plan`` and measure it; the input trace comes back if that fails or would
-    raise the estimated peak.  Parts left as they are (:func:`left_as_is`) are warned about here, once."""
-    notes: list[str] = []
-    for error, message in left_as_is(graph):
-        if strict:
-            raise error(message)
-        warnings.warn(message, OptimizationWarning, stacklevel=4)
-        notes.append(message)
-    try:
-        rewritten = apply_plan(trace, graph, plan)
-    except Exception as exc:  # a rewrite bug must never break the user's training step
-        if strict:
-            _raise_strict(f"rewrite failed: {type(exc).__name__}: {exc}", exc)
-        return _fallback(trace, graph, before, f"rewrite failed: {type(exc).__name__}: {exc}", start)
-    after = profile_graph(read_trace(rewritten.trace, ops=False, derived_from=graph))
-    if after.peak_bytes > before.peak_bytes:
-        reason = (
-            f"the plan would raise the estimated peak ({before.peak_bytes / 2**20:.1f} -> "
-            f"{after.peak_bytes / 2**20:.1f} MiB)"
-        )
-        if strict:
-            raise OptimizationError(reason)
-        return _fallback(trace, graph, before, reason, start)
-    return Result(
-        trace=rewritten.trace,
-        plan=plan,
-        before=before,
-        after=after,
-        graph=graph,
-        extra_flops=rewritten.extra_flops,
-        step_flops=graph.step_flops,
-        seconds=time.perf_counter() - start,
-        applied=True,
-        notes=notes + rewritten.notes,
-        original=trace,
-        placements=rewritten.placements,
-    )
-
-
 def _graph_of(trace_or_graph: TraceCtx | FusionGraph | nx.DiGraph) -> FusionGraph:
     if isinstance(trace_or_graph, FusionGraph):
         return trace_or_graph
@@ -280,6 +383,7 @@ def pareto(
     recompute: RecomputePolicy | None = None,
     priced: RecomputePolicy | None = None,
     solver: Solver = DEFAULT_SOLVER,
+    max_interpolated: int = budgets.MAX_INTERPOLATED,
 ) -> list[ParetoPoint]:
     """The (estimated peak, extra FLOPs) frontier of plans for a fused joint trace, a
     :class:`FusionGraph` or a plain networkx graph (:func:`remat.planning.budget.pareto`).  Plans of a plain
@@ -287,7 +391,9 @@ def pareto(
     check_policy(recompute, RecomputePolicy, "recompute")
     check_policy(priced, RecomputePolicy, "priced")
     resolve_solver(solver)
-    return budgets.pareto(_graph_of(trace_or_graph), recompute=recompute, priced=priced, solver=solver)
+    return budgets.pareto(
+        _graph_of(trace_or_graph), recompute=recompute, priced=priced, solver=solver, max_interpolated=max_interpolated
+    )
 
 
 def estimate_memory(trace_or_graph: TraceCtx | FusionGraph) -> MemoryProfile:

@@ -5,8 +5,10 @@ forms nvFuser-style regions, runs Thunder 0.2.6's own ``rematerialize`` and :fun
 same fused trace, and writes into ``out``:
 
 ``report.md``
-    the before/after table (no rematerialization, Thunder, remat), the pictures, the largest saved
-    tensors, where recomputation was placed, and the list of emitted definitions.
+    the before/after table (no rematerialization, Thunder, remat), the pictures, the largest saved and
+    recomputed tensors with the module each comes from (``transformer.h.0.mlp``: exact for parameters
+    and the ops reading them, inferred for the others, docs/concepts.md "Names"), where recomputation
+    was placed, and the list of emitted definitions.
 ``cut.png`` / ``cut.svg``
     :func:`remat.viz.draw` of the result.
 ``timeline.png`` / ``timeline.svg``
@@ -34,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from remat import viz
+from remat.core.ir import module_text
 from remat.core.memory import MemoryBudget, format_bytes
 from remat.core.views import alias_base
-from remat.models import check_config_name, litgpt_model
-from remat.pipeline import Result, estimate_memory, optimize, pareto
+from remat.models import litgpt_model
+from remat.pipeline import Result, optimize, pareto
 from remat.thunder.capture import training_trace
-from remat.thunder.execute import thunder_rematerialize
 from remat.thunder.fuse import fuse
 from remat.thunder.nvfuser import EmitError, definition_source
 from remat.thunder.read import read_trace
@@ -112,13 +114,11 @@ def write_report(
     say(f"traced in {trace_seconds:.1f} s; forming nvFuser-style regions")
     fused = fuse(joint)
 
-    thunder_trace, thunder_seconds = thunder_rematerialize(fused)
-    thunder_profile = estimate_memory(thunder_trace)
-    say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
-
-    result = optimize(fused, memory_budget)
+    result = optimize(fused, memory_budget)  # compares with Thunder's own rematerialize of the same trace
     files.result = result
-    applied = "applied" if result.applied else "NOT applied"
+    thunder_profile, thunder_seconds = result.candidates["thunder"], result.baseline_seconds
+    say(f"Thunder 0.2.6 rematerialize: {thunder_seconds * 1e3:.0f} ms")
+    applied = "applied" if result.applied else f"NOT applied (kept {result.chosen})"
     say(f"remat.optimize: {result.seconds * 1e3:.0f} ms, plan {applied}")
 
     fig = viz.draw(result, title=f"remat on {model_name}: what the backward keeps and what it recomputes")
@@ -269,7 +269,16 @@ def _markdown(
     if pareto_note:
         lines += ["## Memory / recompute trade-off", "", f"![Pareto curve]({pareto_note})", ""]
 
-    lines += ["## Largest saved tensors (after remat)", "", "| tensor | shape | dtype | size | made by | read by |", "|---|---|---|---|---|---|"]
+    lines += [
+        "## Largest saved tensors (after remat)",
+        "",
+        "Module: where the tensor comes from in the model (`FusionGraph.value_module`): exact for "
+        "parameters and ops that read them, inferred from the nearest such ops for the others (it contains "
+        "the true module but may be coarser; docs/concepts.md, \"Names\").",
+        "",
+        "| tensor | module | shape | dtype | size | made by | read by |",
+        "|---|---|---|---|---|---|---|",
+    ]
     after_graph = result.after_graph
     readers: dict[str, list[str]] = {}
     for unit in after_graph.units:
@@ -284,28 +293,39 @@ def _markdown(
         info = after_graph.tensors[name]
         made_by = after_graph.units[info.producer_unit].name if info.producer_unit is not None else "-"
         read_by = ", ".join(_short(r) for r in readers.get(name, [])[:4])
+        module = module_text(after_graph.value_module(name))
         lines.append(
-            f"| {name} | {tuple(info.shape)} | {info.dtype} | {format_bytes(info.bytes)} | {_short(made_by)} | {read_by} |"
+            f"| {name} | {module} | {tuple(info.shape)} | {info.dtype} | {format_bytes(info.bytes)} | {_short(made_by)} "
+            f"| {read_by} |"
         )
     if len(saved) > 15:
         rest = sum(after_graph.tensors[n].bytes for n in saved[15:])
-        lines.append(f"| ... {len(saved) - 15} more | | | {format_bytes(rest)} | | |")
+        lines.append(f"| ... {len(saved) - 15} more | | | | {format_bytes(rest)} | | |")
     lines.append("")
+
+    lines += _recomputed_values_table(result)
 
     lines += ["## Where recomputation runs", ""]
     if result.placements:
         original_regions = {u.name for u in graph.units if u.kind == "region"}
-        lines += ["| region (optimized trace) | new region? | recomputed ops | from forward units |", "|---|---|---|---|"]
+        lines += [
+            "| region (optimized trace) | new region? | recomputed ops | from forward units | from modules |",
+            "|---|---|---|---|---|",
+        ]
         for region, op_ids in result.placements.items():
             sources: dict[str, int] = {}
+            modules: dict[str, int] = {}
             for op_id in op_ids:
                 op = graph.ops[op_id]
                 source = op.region or _short(graph.units[op.unit].name)
                 sources[source] = sources.get(source, 0) + 1
+                module = module_text(graph.op_module(op_id))
+                modules[module] = modules.get(module, 0) + 1
             source_text = ", ".join(f"{k} ({v})" for k, v in sources.items())
+            module_counts = ", ".join(f"{k} ({v})" for k, v in modules.items())
             link = f"[{region}](definitions/{written_as[region]})" if region in written_as else region
             new = "yes" if region not in original_regions else "no"
-            lines.append(f"| {link} | {new} | {len(op_ids)} | {source_text} |")
+            lines.append(f"| {link} | {new} | {len(op_ids)} | {source_text} | {module_counts} |")
     else:
         lines.append("Nothing is recomputed.")
     lines.append("")
@@ -330,6 +350,36 @@ def _markdown(
     return "\n".join(lines)
 
 
+def _recomputed_values_table(result: Result, largest: int = 15) -> list[str]:
+    """Markdown lines: the largest values the backward gets by recomputation, with their modules."""
+    plan = result.plan
+    if plan is None or not plan.recomputed_values:
+        return []
+    graph = result.graph
+    values = sorted(plan.recomputed_values, key=lambda n: -graph.tensors[n].bytes)
+    lines = [
+        "## Largest recomputed tensors",
+        "",
+        "What the backward reads without it being kept: the forward ops that make these run again in the "
+        "backward (module as above).",
+        "",
+        "| tensor | module | shape | dtype | size | made by (forward op) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in values[:largest]:
+        info = graph.tensors[name]
+        made_by = graph.ops[info.producer_node].kind if info.producer_node is not None else "-"
+        lines.append(
+            f"| {name} | {module_text(graph.value_module(name))} | {tuple(info.shape)} | {info.dtype} "
+            f"| {format_bytes(info.bytes)} | {_short(made_by)} |"
+        )
+    if len(values) > largest:
+        rest = sum(graph.tensors[n].bytes for n in values[largest:])
+        lines.append(f"| ... {len(values) - largest} more | | | | {format_bytes(rest)} | |")
+    lines.append("")
+    return lines
+
+
 def _short(name: str) -> str:
     for prefix in ("torch.ops.aten.", "torch."):
         if name.startswith(prefix):
@@ -338,17 +388,9 @@ def _short(name: str) -> str:
 
 
 def run(args) -> int:
-    """Entry point for ``python -m remat report`` (``args`` from :mod:`remat.cli`)."""
+    """Entry point for ``python -m remat report``: the work, on ``args`` that :func:`remat.cli.main` has
+    checked (:func:`remat.cli.validate_args`: every argument, ``--out`` created and writable)."""
     command = "python -m remat report " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "report" else None
-    try:  # bad arguments: a message, not a traceback, and before minutes of tracing
-        MemoryBudget.parse(args.budget)
-        check_config_name(args.model)
-        if args.layers < 1 or args.seq < 1:
-            raise ValueError(f"--layers and --seq must be positive, got {args.layers} and {args.seq}")
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     files = write_report(
         args.model, args.layers, args.seq, args.out, budget=args.budget, width=args.width, device=args.device,
         command=command,

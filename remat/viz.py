@@ -45,7 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Unit
+from remat.errors import require_extra
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Unit, describe_values, module_text
 from remat.core.memory import MemoryProfile, format_bytes
 from remat.core.ops import INPUT_KINDS
 from remat.pipeline import Result
@@ -290,7 +291,7 @@ def cut_rows(res: Result, collapse: str = "auto", max_rows: int = 60) -> CutLayo
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
     graph = res.after_graph
     original_regions = _region_names(res.graph)
-    placements = res.placements if res.plan is not None else {}
+    placements = res.placements if res.applied else {}
     new_region_units = [
         u.index for u in graph.units if u.kind == "region" and u.name in placements and u.name not in original_regions
     ]
@@ -309,7 +310,7 @@ def _height_rows(layout: CutLayout) -> float:
 
 def _recomputed_by_original_unit(res: Result) -> Counter:
     counts: Counter = Counter()
-    if res.plan is None or res.graph.ops is None:
+    if not res.applied or res.plan is None or res.graph.ops is None:
         return counts
     for op_id in res.plan.recomputed_ops:
         if isinstance(op_id, int) and 0 <= op_id < len(res.graph.ops):
@@ -526,7 +527,7 @@ def _summary_lines(res: Result, layout: CutLayout) -> list[str]:
         f"→ {format_bytes(after.saved_bytes)} in {len(after.saved_tensors)}    "
         f"est. peak: {format_bytes(before.peak_bytes)} → {format_bytes(after.peak_bytes)}"
     ]
-    if res.plan is not None:
+    if res.applied:
         pct = 100 * res.extra_flops / max(res.step_flops, 1)
         lines.append(
             f"{len(res.plan.recomputed_ops)} forward ops recomputed in the backward (+{pct:.2f}% FLOPs); "
@@ -559,6 +560,7 @@ def draw(
     if not isinstance(label_names, int) or label_names < 0:
         raise ValueError(f"label_names must be a non-negative int, got {label_names!r}")
     layout = cut_rows(res, collapse, max_rows)
+    require_extra("matplotlib", "remat.viz pictures")
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch, Patch
     from matplotlib.lines import Line2D
@@ -732,11 +734,12 @@ def memory_timeline(
     res = _check_result(res, "memory_timeline")
     if others is not None and not all(isinstance(p, MemoryProfile) for p in others.values()):
         raise TypeError("others must map labels to remat.MemoryProfile (from remat.estimate_memory)")
+    require_extra("matplotlib", "remat.viz pictures")
     from matplotlib.figure import Figure
 
     profiles: list[tuple[str, MemoryProfile, str, str]] = [
         ("before (nothing recomputed)", res.before, "#7a7a7a", "-"),
-        ("after (remat)" if res.plan is not None else "after (plan not applied)", res.after, _RECOMPUTE_EDGE, "-"),
+        ("after (remat)" if res.applied else f"after ({res.chosen}: remat plan not applied)", res.after, _RECOMPUTE_EDGE, "-"),
     ]
     palette = ["#4a7ab5", "#6a3d9a", "#33a02c", "#b15928"]
     for i, (label, profile) in enumerate((others or {}).items()):
@@ -806,6 +809,7 @@ def pareto_curve(
     lines mark ``gradient_bytes`` (the gradients every plan holds at the end of the step, a floor no
     plan goes below) and ``budget_bytes``; ``chosen`` (a point) is circled.  Figures are the memory
     model's (analytic)."""
+    require_extra("matplotlib", "remat.viz pictures")
     from matplotlib.figure import Figure
 
     points = list(frontier)
@@ -873,8 +877,9 @@ def _dot_quote(text: str) -> str:
 def to_dot(res: Result, *, collapse: str = "compact", max_rows: int = 60) -> str:
     """Graphviz DOT source of the same graph :func:`draw` shows (``dot -Tsvg`` renders it; producing the
     text needs no Graphviz).  Two clusters, ``cluster_forward`` and ``cluster_backward``; saved edges are
-    red and labelled with the largest tensor and the total size, with every tensor name in the edge's
-    ``tooltip``; rows that recompute forward ops are orange with ``class="recompute"`` and the number of
+    red and labelled with the largest tensor, the module it comes from (where the trace names modules:
+    :meth:`remat.FusionGraph.value_module`) and the total size, with every tensor, its module and size in
+    the edge's ``tooltip``; rows that recompute forward ops are orange with ``class="recompute"`` and the number of
     ops in their label.  Raises TypeError for anything but a :class:`remat.Result`."""
     res = _check_result(res, "to_dot")
     layout = cut_rows(res, collapse, max_rows)
@@ -920,12 +925,16 @@ def to_dot(res: Result, *, collapse: str = "compact", max_rows: int = 60) -> str
         if edge.saved:
             first = edge.tensors[0] if edge.tensors else ""
             more = f" +{len(edge.tensors) - 1}" if len(edge.tensors) > 1 else ""
-            label = f"{first}{more}\n{format_bytes(edge.bytes)}"
+            known = [n for n in edge.tensors if n in layout.graph.tensors]
+            module = layout.graph.value_module(first) if first in layout.graph.tensors else None
+            where = f"\n{module_text(module)}" if module is not None else ""
+            label = f"{first}{more}{where}\n{format_bytes(edge.bytes)}"
             width = 1 + 3 * (edge.bytes / max_saved) ** 0.5
+            tooltip = "saved: " + ", ".join(describe_values(layout.graph, known) if known else edge.tensors)
             lines.append(
                 f"  {a} -> {b} [color={_dot_quote(_SAVED)}, penwidth={width:.2f}, constraint=false, "
                 f"label={_dot_quote(label)}, fontcolor={_dot_quote(_SAVED)}, fontsize=8, "
-                f"tooltip={_dot_quote('saved: ' + ', '.join(edge.tensors))}, class=\"saved\"];"
+                f"tooltip={_dot_quote(tooltip)}, class=\"saved\"];"
             )
         else:
             lines.append(f"  {a} -> {b} [tooltip={_dot_quote(format_bytes(edge.bytes))}];")

@@ -250,11 +250,12 @@ def test_a_failing_rewrite_leaves_the_trace_as_it_was(fused_pythia, monkeypatch)
     monkeypatch.setattr(optimize_module, "apply_plan", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = remat.optimize(fused_pythia)
-    assert not res.applied and res.trace is fused_pythia
+        res = remat.optimize(fused_pythia, thunder_baseline=False)
+    assert not res.applied and res.trace is fused_pythia and res.chosen == "unplanned"
     assert res.after == res.before
     assert "simulated rewrite bug" in res.notes[0]
     assert [w.category for w in caught] == [remat.OptimizationWarning]
+    assert caught[0].filename == __file__  # the warning points at the caller's line, not remat's
     with pytest.raises(RuntimeError, match="simulated"):
         remat.optimize(fused_pythia, strict=True)
 
@@ -287,3 +288,22 @@ def test_graphs_are_frozen(fused_pythia):
         graph.tensors["x"] = None
     assert isinstance(graph.ops, tuple) and isinstance(graph.units, tuple)
     assert graph.mutation_hazards == {} and graph.view_ops  # derived facts, computed once by the graph itself
+
+
+def test_extra_flops_mean_one_thing():
+    """Issue 17: solve counted a recomputed op once, pareto once per consumer.  One definition now
+    (docs/concepts.md, "Extra FLOPs"): what the rewritten step runs beyond the original, an op recomputed
+    for two backward units counted twice; for a trace, the difference of the two traces' FLOPs."""
+    g = nx.DiGraph()
+    g.add_node("x", phase="forward", bytes=100, is_input=True)
+    g.add_node("f", phase="forward", bytes=100, flops=7)
+    g.add_node("loss", phase="forward", bytes=4, flops=1)
+    g.add_node("b1", phase="backward", bytes=100, flops=1)
+    g.add_node("b2", phase="backward", bytes=100, flops=1)
+    g.add_edges_from([("x", "f"), ("f", "loss"), ("f", "b1"), ("f", "b2"), ("b1", "b2")])
+    plan = remat.solve(g)
+    assert plan.recomputed_ops == ("f",) and plan.extra_flops == 2 * 7
+    assert [point.extra_flops for point in remat.pareto(g)][0] == plan.extra_flops
+    res = remat.optimize(remat.fuse(traced(**PYTHIA_2)))
+    assert res.applied and res.extra_flops > 0
+    assert res.extra_flops == res.plan.extra_flops == res.after_graph.step_flops - res.graph.step_flops

@@ -22,6 +22,7 @@ def test_inference_call_is_fused_without_planning():
 
 
 def test_executor_for_thunder_jit():
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
     import thunder
 
     ex = remat.executor(runtime="torch")
@@ -69,3 +70,65 @@ def test_bad_arguments():
 
 
 # Fallbacks (a failing plan, fusing, symbolic shapes, unknown and in-place ops): tests/test_fallbacks.py.
+
+
+def test_plan_false_fuses_without_any_rematerialization():
+    """``plan=False``: regions only (no remat cut, no Thunder rematerialize), to tell a region's
+    numerics from the cut's; the step still matches eager."""
+    model = tiny_litgpt()
+    idx = torch.randint(0, 128, (1, 8))
+    expected_loss, expected_grads = train_step(model, idx)
+    jitted = remat.jit(model, runtime="torch", plan=False)
+    loss, grads = train_step(jitted, idx)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    ex = remat.executor_of(jitted)
+    assert ex.optimizer is None and ex.last_result is None
+    with pytest.raises(ValueError, match="plan=False"):
+        remat.jit(model, plan=False, memory_budget=0.5)
+    with pytest.raises(TypeError, match="plan"):
+        remat.executor(plan="no")
+
+
+def test_executors_for_code_you_do_not_own():
+    """``thunder.jit(model, executors=remat.executors())``: loss and gradients equal eager's, and remat
+    planned the step (issue 16)."""
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+
+    model = tiny_litgpt(n_layer=2)
+    idx = torch.randint(0, 128, (1, 8))
+    expected_loss, expected_grads = train_step(model, idx)
+    executors = remat.executors(runtime="torch")
+    assert isinstance(executors[-1], remat.thunder.executor.RematExecutor)
+    loss, grads = train_step(thunder.jit(model, executors=executors), idx)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert executors[-1].last_result is not None and executors[-1].last_result.plan is not None
+
+
+def test_install_makes_remat_thunders_default_and_undoes_it():
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+
+    before = thunder.get_default_executors()
+    model = tiny_litgpt()
+    idx = torch.randint(0, 128, (1, 8))
+    expected_loss, expected_grads = train_step(model, idx)
+    with remat.install(runtime="torch") as installed:
+        assert thunder.get_default_executors() == tuple(installed.executors)
+        jitted = thunder.jit(model)  # no executors=: a trainer you do not own
+        loss, grads = train_step(jitted, idx)
+    assert thunder.get_default_executors() == before and not installed.installed
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert installed.executors[-1].last_result is not None
+    # a plain call, undone by hand; undoing twice does nothing
+    installed = remat.install(runtime="torch")
+    assert thunder.get_default_executors()[-1] is installed.executors[-1]
+    installed.uninstall()
+    installed.uninstall()
+    assert thunder.get_default_executors() == before

@@ -149,3 +149,28 @@ def test_bf16_training_step_matches_eager():
     torch.testing.assert_close(loss, eager_loss, rtol=2e-2, atol=1e-3)
     for g, e in zip((g.float() for g in grads), (e.float() for e in eager_grads)):
         assert ((g - e).norm() / (e.norm() + 1e-12)).item() < 2e-2
+
+
+def test_a_strided_slice_stays_out_of_regions():
+    """Found by tests/test_gpu.py on the H200: nvFuser 0.2.36 refuses slices with a step other than 1
+    ("All slice operation strides must be of const size 1"), so a region holding one fell back to torch.
+    remat.fuse keeps such a slice stand-alone (as Thunder's nvFuser executor does) and the emitter refuses
+    to write it."""
+    from remat.thunder.nvfuser import EmitError, refusal
+
+    w = torch.randn(4, 8, requires_grad=True)
+    fused = remat.fuse(remat.training_trace(lambda x, w: (x * w)[:, ::2].sin().sum(), torch.randn(4, 8), w))
+    strided = [b for b in fused.bound_symbols if op_kind(b) == "slice"]
+    assert strided and all(refusal(b, "slice") for b in strided)
+    for region in (b for b in fused.bound_symbols if b.sym.is_fusion):
+        assert not any(op_kind(s) == "slice" and refusal(s, "slice") for s in region.subsymbols)
+    assert remat.optimize(fused, strict=True).after.peak_bytes > 0  # and the trace still plans
+    with pytest.raises(EmitError, match="step 1"):
+        remat.nvfuser.definition_source(_region_of(strided[0]))
+
+
+def _region_of(bsym):
+    from remat.thunder.regions import default_region_executor, make_region, region_io
+
+    inputs, outputs = region_io([bsym], None)
+    return make_region(default_region_executor(), "nvFusion0", [bsym], inputs, outputs)

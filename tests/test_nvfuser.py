@@ -157,3 +157,28 @@ def test_build_without_nvfuser_is_a_clear_error(family_traces):
     with pytest.raises(remat.RematError, match="not installed"):
         build(region)
     assert re.search(r"fd\.ops\.\w+\(", definition_source(region))
+
+
+def test_a_random_region_never_falls_back_to_torch(monkeypatch):
+    """Found by tests/test_gpu.py: nvFuser's philox numbers are not torch's, so a dropout mask drawn by
+    nvFuser in one region and recomputed by torch in another (after a per-region fallback) would differ.
+    A region drawing uniform_philox that nvFuser rejects raises instead of falling back."""
+    from thunder.core import devices, dtypes, prims
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from remat.thunder.regions import default_region_executor, make_region
+
+    module = fake_nvfuser.install(monkeypatch)
+
+    class Rejecting(module.FusionDefinition):
+        def execute(self, inputs):
+            raise RuntimeError("unsupported by this nvFuser")
+
+    monkeypatch.setattr(module, "FusionDefinition", Rejecting)
+    trace = TraceCtx(None)
+    with tracectx(trace):
+        mask = prims.uniform_philox((4, 4), 0.0, 1.0, device=devices.Device("cpu"), dtype=dtypes.float32, seed=7, offset=0)
+    region = make_region(default_region_executor(), "nvFusion0", list(trace.bound_symbols), [], [mask])
+    callable_ = NvFuserRegionCallable(region, fallback=lambda *args: pytest.fail("fell back to torch"))
+    with pytest.raises(remat.RematError, match="uniform_philox"):
+        callable_()

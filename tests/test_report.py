@@ -128,7 +128,7 @@ def test_bad_arguments_exit_with_a_message(tmp_path, capsys):
 def test_report_with_a_budget_draws_the_frontier(tmp_path):
     from remat.report import write_report
 
-    files = write_report("pythia-14m", 1, 32, tmp_path, budget="0.9", width="demo", log=lambda line: None)
+    files = write_report("pythia-14m", 1, 32, tmp_path, budget="1.0", width="demo", log=lambda line: None)  # of the default plan
     text = files.report.read_text()
     assert "budget" in text
     assert (tmp_path / "pareto.png").exists() and (tmp_path / "pareto.svg").exists()
@@ -154,3 +154,19 @@ def test_pareto_curve_is_a_staircase_with_floor_and_budget():
         viz.pareto_curve([(1, 2)])
 
 
+
+
+def test_report_names_the_modules_of_saved_and_recomputed_tensors(written):
+    from remat.models import litgpt_model
+
+    name, out, _, _ = written
+    text = (out / "report.md").read_text()
+    known = {path or "<root>" for path, _ in litgpt_model(name, 1, 32, width="demo", device="meta").model.named_modules()}
+    for section in ("## Largest saved tensors", "## Largest recomputed tensors"):
+        body = text.split(section, 1)[1].split("\n## ", 1)[0]
+        rows = [line.split("|") for line in body.splitlines() if line.startswith("| t") and not line.startswith("| tensor")]
+        modules = {row[2].strip() for row in rows}
+        assert rows and modules <= known, (section, modules - known)
+        assert any(m.startswith("transformer.h.0.") for m in modules), section
+    placements = text.split("## Where recomputation runs", 1)[1].split("\n## ", 1)[0]
+    assert "| from modules |" in placements and "transformer.h.0" in placements

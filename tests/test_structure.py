@@ -38,7 +38,7 @@ def module_name(path: Path) -> str:
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1 or parts[1] in ("errors", "_version"):
+    if len(parts) == 1 or parts[1] in ("errors", "_version", "_logging"):
         return "base" if len(parts) > 1 else "top"
     return parts[1] if parts[1] in ("core", "planning", "thunder", "testing") else "top"
 

@@ -24,7 +24,7 @@ from remat.planning.problem import build_problem
 from remat.testing.oracles import check_trace_well_formed
 from remat.testing.programs import OPS, Program
 from remat.testing.strategies import programs
-from remat.thunder.read import read_trace
+from remat.thunder.read import random_draws, read_trace
 
 CI = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
 # ci: 100 programs per property; nightly: 500 (each test traces its own programs there).
@@ -75,6 +75,7 @@ def run(case: Program | tuple[Program, remat.RecomputePolicy]) -> Pipeline:
         event("has dropout")
     result = pipeline(program)
     event("recomputes" if result.result.plan.recomputed_ops else "recomputes nothing")
+    event(f"kept: {result.result.chosen}")
     return result
 
 
@@ -107,6 +108,8 @@ def test_plan_is_valid_on_traces(case):
         assert not ops[node].tags & {"matmul", "attention", "reduction", "rng"}, ops[node]
         assert ops[node].phase == "forward"
 
+    if not res.applied:  # another trace had a lower estimated peak (test_never_worse_than_thunder)
+        return
     rewritten = read_trace(res.trace, ops=False)
 
     def base(name):
@@ -122,8 +125,8 @@ def test_plan_is_valid_on_traces(case):
 @trace_settings
 @given(CASES)
 def test_estimated_peak_is_not_higher(case):
-    """The optimized trace's estimated peak is at most the fused trace's (with strict=True remat may
-    not fall back), and Result.before/after are the memory model of the two traces."""
+    """The optimized trace's estimated peak is at most the fused trace's, and Result.before/after are the
+    memory model of the two traces."""
     p = run(case)
     before, after = remat.estimate_memory(p.fused), remat.estimate_memory(p.result.trace)
     assert after.peak_bytes <= before.peak_bytes
@@ -136,17 +139,53 @@ def test_estimated_peak_is_not_higher(case):
 @given(CASES)
 def test_saved_bytes_at_most_thunders_rematerialize(case):
     """remat saves no more activation bytes than Thunder's own rematerialize on the same fused trace
-    (both measured by the memory model)."""
+    (both measured by the memory model; forward outputs, which the step returns anyway, not counted: remat
+    may keep one to recompute a cheaper value from it)."""
     from thunder.core.rematerialization import rematerialize
 
     p = run(case)
     with thunder_context():
         thunder_trace = rematerialize(p.fused)
-    ours = remat.estimate_memory(p.result.trace).saved_bytes
-    theirs = remat.estimate_memory(thunder_trace).saved_bytes
+    ours_trace = p.result.trace if p.result.applied else remat.optimize(p.fused, strict=True, thunder_baseline=False).trace
+    ours, theirs = activation_bytes(ours_trace), activation_bytes(thunder_trace)
     if ours < theirs:
         event("remat saves less than Thunder")
     assert ours <= theirs
+
+
+def activation_bytes(trace) -> int:
+    """Bytes the backward keeps from the forward, forward outputs (and views of them) left out."""
+    graph = read_trace(trace, ops=False)
+
+    def base(name):
+        info = graph.tensors.get(name)
+        return info.alias_of or name if info is not None else name
+
+    outputs = {base(name) for name in graph.forward_outputs}
+    return sum(graph.tensors[name].bytes for name in remat.estimate_memory(trace).saved_tensors if base(name) not in outputs)
+
+
+@shared_examples
+@trace_settings
+@given(CASES)
+def test_never_worse_than_thunder(case):
+    """By construction: the trace optimize returns has an estimated peak at most that of Thunder's own
+    rematerialize of the same fused trace (computed here on its own) and of the fused trace itself."""
+    from thunder.core.rematerialization import rematerialize
+
+    p = run(case)
+    with thunder_context():
+        thunder_trace = rematerialize(p.fused)
+    ours = remat.estimate_memory(p.result.trace).peak_bytes
+    if random_draws(thunder_trace) != random_draws(p.fused):
+        # the documented exception: Thunder's pass reordered stateful random draws (other dropout masks),
+        # so optimize does not take its trace (test_dropout_programs_keep_their_masks)
+        event("Thunder reorders random draws")
+        assert "thunder" not in p.result.candidates
+        return
+    assert ours <= remat.estimate_memory(thunder_trace).peak_bytes
+    assert ours <= remat.estimate_memory(p.fused).peak_bytes
+    assert ours == min(profile.peak_bytes for profile in p.result.candidates.values())
 
 
 @shared_examples
@@ -200,7 +239,8 @@ def test_any_safe_policy_keeps_numerics(case):
             assert b is None
             continue
         torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
-    assert not remat.optimize(res.trace, recompute=policy, strict=True).plan.recomputed_ops
+    if res.applied:  # re-planning another trace (Thunder's, or the input) may well recompute
+        assert not remat.optimize(res.trace, recompute=policy, strict=True).plan.recomputed_ops
 
 
 NO_RANDOM_OR_CAST = [op for op in OPS if op not in ("dropout", "cast")]
@@ -242,9 +282,13 @@ def test_fused_trace_matches_eager_pytorch(program):
 @trace_settings
 @given(CASES)
 def test_optimize_is_idempotent(case):
-    """Optimizing the optimized trace changes nothing: same saved bytes and peak, nothing recomputed."""
+    """Planning the optimized trace again changes nothing: same saved bytes and peak, nothing
+    recomputed.  (remat's own planner: Thunder's rematerialize of remat's trace may still move an op
+    between neighbouring regions and lower the peak a little, so the baseline is off here.)"""
     p = run(case)
-    again = remat.optimize(p.result.trace, strict=True)
+    if not p.result.applied:
+        return
+    again = remat.optimize(p.result.trace, strict=True, thunder_baseline=False)
     assert again.after.saved_bytes == p.result.after.saved_bytes
     assert again.after.peak_bytes == p.result.after.peak_bytes
     assert again.plan.saved_bytes == p.result.plan.saved_bytes

@@ -235,3 +235,14 @@ def test_format_bytes():
     assert viz.format_bytes(80 * 2**20) == "80 MiB"
     assert viz.format_bytes(361.2 * 2**20) == "361 MiB"
     assert viz.format_bytes(2.47 * 2**30) == "2.47 GiB"
+
+
+def test_to_dot_names_the_module_of_saved_tensors(result):
+    dot = viz.to_dot(result)
+    graph = result.after_graph
+    saved_edges = [line for line in dot.splitlines() if 'class="saved"' in line]
+    assert saved_edges
+    for name in result.after.saved_tensors:
+        module = graph.value_module(name)
+        if module:  # each saved tensor appears in a tooltip with its module: "t57 (transformer.h.0.mlp, ...)"
+            assert any(f"{name} ({module}, " in line for line in saved_edges), name

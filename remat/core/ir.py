@@ -43,12 +43,19 @@ Thunder.
 
 Forward and backward are told apart by :func:`split_phases`, the rule Thunder's
 ``split_into_forward_and_backward`` applies.
+
+``FusionGraph.module_names``
+    Where the values and ops come from in the traced module (:class:`ModuleNames`): dotted parameter
+    names (``transformer.h.0.mlp.fc.weight``) and the module path of each op (``transformer.h.0.mlp``),
+    computed on first use by the reader that made the graph (None for plain graphs and for traces whose
+    parameters Thunder did not load from a module).  :meth:`FusionGraph.value_module` and
+    :func:`describe_values` read it; docs/concepts.md says which names are exact and which inferred.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -57,12 +64,18 @@ import networkx as nx
 
 from remat.core.ops import RETURN_KIND
 from remat.core.storage import mutation_hazards
+from remat.core.units import format_bytes
 from remat.core.views import ViewFacts, member_view
 
-__all__ = ["FORWARD", "BACKWARD", "TensorInfo", "Unit", "Op", "FusionGraph", "split_phases"]
+__all__ = [
+    "FORWARD", "BACKWARD", "ROOT_MODULE", "TensorInfo", "Unit", "Op", "FusionGraph", "ModuleNames", "split_phases",
+    "common_module", "parameter_module", "describe_values", "module_text",
+]
 
 FORWARD = "forward"
 BACKWARD = "backward"
+#: the module path of the traced module itself (as in ``torch.nn.Module.named_modules()``)
+ROOT_MODULE = ""
 
 
 class TensorInfo(NamedTuple):
@@ -169,6 +182,51 @@ def split_phases(
     return phases
 
 
+def common_module(a: str, b: str) -> str:
+    """The deepest module containing both dotted module paths (``"h.0.attn.qkv"`` and ``"h.0.attn.proj"``:
+    ``"h.0.attn"``; :data:`ROOT_MODULE` when they share nothing)."""
+    if a == b:
+        return a
+    a_parts, b_parts = a.split("."), b.split(".")
+    shared = 0
+    for x, y in zip(a_parts, b_parts):
+        if x != y:
+            break
+        shared += 1
+    return ".".join(a_parts[:shared])
+
+
+def parameter_module(parameter: str) -> str:
+    """The module owning a dotted parameter or buffer name (``"h.0.mlp.fc.weight"`` -> ``"h.0.mlp.fc"``;
+    a parameter of the traced module itself -> :data:`ROOT_MODULE`)."""
+    return parameter.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class ModuleNames:
+    """Where a graph's values and ops come from in the traced ``torch.nn.Module``.
+
+    ``parameters``: proxy name -> dotted parameter or buffer name as ``named_parameters()`` /
+    ``named_buffers()`` spell it (``"t_transformer_h_0_mlp_fc_weight"`` -> ``"transformer.h.0.mlp.fc.weight"``).
+    ``op_modules[op_id]``: the dotted path of the module the op belongs to (:data:`ROOT_MODULE` for the
+    traced module itself), or None where nothing is known (trace inputs, cotangent reads, the return).
+    ``exact``: op ids whose module is read, not inferred: the op reads a parameter (or a value computed
+    from parameters alone) or writes a parameter's gradient, and belongs to the module owning that
+    parameter (the deepest common module of several).  The other ops' modules are inferred
+    (docs/concepts.md, "Names"): they contain the op's true module when the module calls run in trace
+    order, but may be coarser than it.
+    """
+
+    parameters: Mapping[str, str]
+    op_modules: tuple[str | None, ...]
+    exact: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
+        object.__setattr__(self, "op_modules", tuple(self.op_modules))
+        object.__setattr__(self, "exact", frozenset(self.exact))
+
+
 @dataclass(frozen=True, eq=False)
 class FusionGraph:
     """The producer/consumer structure of a training step (see the module docstring).
@@ -181,6 +239,8 @@ class FusionGraph:
     graph gives it; None for traces, whose costs follow from the memory model
     (:func:`remat.core.memory.save_cost`).  ``origin``: what the reader read the graph from (for traces,
     :class:`remat.thunder.read.TraceOrigin`: the trace and its bound symbols); the core never looks inside.
+    ``naming``: how the reader that made the graph works out :attr:`module_names` (called once, on first
+    use, with the graph; None: no names).
     """
 
     units: tuple[Unit, ...]
@@ -193,6 +253,7 @@ class FusionGraph:
     strides: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     save_costs: Mapping[Hashable, int] | None = None
     origin: Any = None
+    naming: Callable[[FusionGraph], ModuleNames | None] | None = None
 
     def __post_init__(self) -> None:
         # frozen: the containers are read-only views or tuples, so no stage can change a shared graph
@@ -255,6 +316,52 @@ class FusionGraph:
         found = mutation_hazards([(ops[i].kind, ops[i].tags, ops[i].inputs, ops[i].outputs) for i in order])
         return MappingProxyType({ops[order[k]].id: kind for k, kind in found.items() if ops[order[k]].phase == FORWARD})
 
+    @functools.cached_property
+    def module_names(self) -> ModuleNames | None:
+        """Parameter names and the module of each op (:class:`ModuleNames`), worked out on first use so
+        that planning never pays for them; None for graphs without them (plain graphs, graphs read
+        without operations, traces whose parameters did not come from a module)."""
+        if self.naming is None or self.ops is None:
+            return None
+        names = self.naming(self)
+        if names is not None and len(names.op_modules) != len(self.ops):
+            raise ValueError(f"naming gave modules for {len(names.op_modules)} ops; the graph has {len(self.ops)}")
+        return names
+
+    def parameter_name(self, name: str) -> str | None:
+        """The dotted name (``"transformer.h.0.mlp.fc.weight"``) of the parameter or buffer a proxy
+        stands for, or None (not a parameter, or no names known)."""
+        names = self.module_names
+        return names.parameters.get(name) if names is not None else None
+
+    def op_module(self, op_id: int) -> str | None:
+        """The dotted path of the module op ``op_id`` belongs to (:data:`ROOT_MODULE` for the traced
+        module itself), or None when unknown; see :class:`ModuleNames` for what is exact."""
+        names = self.module_names
+        if names is None:
+            return None
+        if not isinstance(op_id, int) or not 0 <= op_id < len(names.op_modules):
+            raise KeyError(f"no op {op_id!r} in this graph (op ids are 0..{len(names.op_modules) - 1})")
+        return names.op_modules[op_id]
+
+    def value_module(self, name: str) -> str | None:
+        """The dotted path of the module a value comes from: for a parameter or buffer, the module owning
+        it (exact); for another value, the module of the op that writes it (:meth:`op_module`); None for
+        trace inputs, cotangents and graphs without names.  Raises KeyError for a name the graph does
+        not know."""
+        if name not in self.tensors:
+            raise KeyError(f"the graph has no value named {name!r}")
+        names = self.module_names
+        if names is None:
+            return None
+        parameter = names.parameters.get(name)
+        if parameter is not None:
+            return parameter_module(parameter)
+        node = self.tensors[name].producer_node
+        if not isinstance(node, int) or not 0 <= node < len(names.op_modules):
+            return None
+        return names.op_modules[node]
+
     @property
     def step_flops(self) -> int:
         """FLOPs of all operations (the step as read)."""
@@ -301,6 +408,26 @@ class FusionGraph:
         backward = [u.index for u in self.units if u.phase == BACKWARD and u.kind != RETURN_KIND]
         tail = [u.index for u in self.units if u.kind == RETURN_KIND]
         return forward + backward + tail
+
+
+def describe_values(graph: FusionGraph, names: Iterable[str]) -> list[str]:
+    """One readable line per value: ``"t57 (transformer.h.0.mlp.fc, 8.0 MiB)"`` -- the proxy name, the
+    module it comes from (:meth:`FusionGraph.value_module`; ``<root>`` for the traced module itself,
+    left out where unknown) and its size (numel x itemsize, :func:`remat.core.units.format_bytes`).  Raises KeyError for a name the
+    graph does not know."""
+    lines = []
+    for name in names:
+        module = graph.value_module(name)
+        where = "" if module is None else f"{module_text(module)}, "
+        lines.append(f"{name} ({where}{format_bytes(graph.tensors[name].bytes)})")
+    return lines
+
+
+def module_text(module: str | None) -> str:
+    """A module path as shown to people: ``<root>`` for the traced module itself, ``-`` for unknown."""
+    if module is None:
+        return "-"
+    return module or "<root>"
 
 
 def _build_nx(ops: Sequence[Op], tensors: Mapping[str, TensorInfo], forward_outputs: tuple[str, ...]) -> nx.DiGraph:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph
+from remat.core.units import format_bytes  # noqa: F401  (re-exported: remat.core.memory.format_bytes)
 from remat.core.views import alias_base
 
 __all__ = [
@@ -74,18 +75,6 @@ class MemoryProfile:
             f"saved={self.saved_bytes / mib:.1f} MiB in {len(self.saved_tensors)} tensors, "
             f"params={self.param_bytes / mib:.1f} MiB)"
         )
-
-
-def format_bytes(n: int | float) -> str:
-    """``1536 -> '1.5 KiB'``: binary units, three significant digits."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.3g} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, int]]:
@@ -242,7 +231,12 @@ class MemoryBudget:
 
     Anything else raises ``TypeError`` (not a number or string; ``True``/``False``) or ``ValueError``
     (zero, negative, infinite, NaN, a float above 1, an unreadable string).  What a fraction is of is
-    the caller's: :func:`remat.optimize` reads it against the un-optimized trace's estimated peak."""
+    the caller's: :func:`remat.optimize`, :func:`remat.solve` and :func:`remat.jit` read it against the
+    estimated peak of the *default plan* (what remat uses without a budget), so ``0.7`` asks for 30% less
+    than remat's own plan, as PyTorch's ``activation_memory_budget`` is relative to its default.
+
+    To fit what a GPU has, :meth:`from_free_memory` makes a byte budget from the device's free memory
+    minus what lives outside the step (docs/memory-model.md has the recipe)."""
 
     bytes: int | None = None
     fraction: float | None = None
@@ -296,6 +290,37 @@ class MemoryBudget:
                 return cls.parse(value)
             return cls.parse(int(number))
         return cls(bytes=max(int(value * _FACTORS[suffix]), 1))
+
+    @classmethod
+    def from_free_memory(cls, free_bytes: int, *, outside_step_bytes: int = 0, headroom: float = 0.0) -> MemoryBudget:
+        """A byte budget for one training step on a device with ``free_bytes`` free: what is left after
+        ``outside_step_bytes`` (memory that is not free yet but will be taken outside the step: optimizer
+        state allocated at its first step, gradients kept between steps, another model) and after
+        ``headroom``, a fraction in [0, 1) kept back for what the memory model does not count (allocator
+        fragmentation, kernel workspaces; about 0.1 is a reasonable start).  Budget = ``(free_bytes -
+        outside_step_bytes) * (1 - headroom)``, rounded down.
+
+        The step's peak (what a budget bounds) counts activations and the gradients it returns, not
+        parameters or inputs: take ``free_bytes`` (``torch.cuda.mem_get_info()[0]``) after the model is on
+        the device, and subtract only what will be allocated later.  Raises ``TypeError`` for non-integer
+        bytes or a non-number headroom, ``ValueError`` for negative bytes, a headroom outside [0, 1), or
+        nothing left for the step."""
+        for name, value in (("free_bytes", free_bytes), ("outside_step_bytes", outside_step_bytes)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int (bytes), got {type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real):
+            raise TypeError(f"headroom must be a fraction in [0, 1), got {type(headroom).__name__} {headroom!r}")
+        if not 0 <= headroom < 1:
+            raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+        left = int((int(free_bytes) - int(outside_step_bytes)) * (1 - float(headroom)))
+        if left <= 0:
+            raise ValueError(
+                f"nothing is left for the step: {format_bytes(free_bytes)} free - {format_bytes(outside_step_bytes)} outside "
+                f"the step, with {100 * headroom:g}% headroom, leaves {format_bytes(left)}"
+            )
+        return cls(bytes=left)
 
     def resolve(self, reference_bytes: int) -> int:
         """The budget in bytes: itself, or its fraction of ``reference_bytes``."""

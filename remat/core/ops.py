@@ -1,5 +1,5 @@
 """What remat knows about operations: which ones nvFuser fuses, which alias their input, which are
-expensive, random or reductions, and roughly how many FLOPs each costs.
+expensive, random, reductions or collectives, and roughly how many FLOPs each costs.
 
 Everything here works on plain strings (an op's *kind*: a lower-case Thunder ``PrimIDs`` name such as
 ``"mul"``, or a symbol id such as ``"torch.matmul"``) and shapes; nothing here imports Thunder.  The one
@@ -46,6 +46,9 @@ __all__ = [
     "MUTATING_KINDS",
     "IN_PLACE_KINDS",
     "SIDE_EFFECT_KINDS",
+    "COLLECTIVE_KINDS",
+    "DISTRIBUTED_BUCKET_KINDS",
+    "DISTRIBUTED_KINDS",
     "TAGS",
     "NEVER_RECOMPUTE_TAGS",
     "is_known_kind",
@@ -144,10 +147,36 @@ RETURN_KIND = "return"
 FUSION_KIND = "fusion"
 BOOKKEEPING_KINDS = frozenset({"comment", "python_del", "del", "print", "sink"})
 
+# ---------------------------------------------------------------------------------------- distributed
+# Thunder's distributed prims (thunder/distributed/prims.py: an enum of their own, which the reader maps
+# to these lower-case names like core prims) and the operators of Thunder's torch executor that run them
+# (``torch_<prim>_prim_impl``, the kinds remat sees in traces from ``thunder.distributed.fsdp``/``ddp``).
+def _with_torch_impls(names: str) -> frozenset[str]:
+    prim_names = names.split()
+    return frozenset(prim_names) | frozenset(f"torch_{name}_prim_impl" for name in prim_names)
+
+
+#: Collectives and their waits.  Every rank must issue the same collectives in the same order, and a
+#: wait returns the buffer its collective filled: recomputing one in the backward would send the data
+#: again (and, on a future kept alive, hold a buffer the memory model cannot see), putting one in a
+#: region would hand it to nvFuser.  Tag ``distributed``: never recomputed, never fused, always kept.
+COLLECTIVE_KINDS = _with_torch_impls(
+    "all_gather all_reduce broadcast reduce_scatter wait"
+) | frozenset({"synchronize", "synchronize_tensor_parallel_output", "synchronize_tensor_parallel_input"})
+#: The bucketing ops around collectives (``bucketing_strategy`` of ``thunder.distributed.fsdp``/``ddp``):
+#: ``pack`` returns a buffer cached across steps per bucket, ``unpack`` copies into its ``tensors``,
+#: ``update_bucket_view`` into a cached bucket, ``stash_grad_for_fsdp`` accumulates onto the parameter
+#: (these four are also in the in-place family); ``pack_for_fsdp``/``unpack_for_fsdp`` build a bucket and
+#: return views of one.  Tag ``distributed`` as well: they feed or drain collectives.
+DISTRIBUTED_BUCKET_KINDS = _with_torch_impls("pack unpack update_bucket_view stash_grad_for_fsdp pack_for_fsdp unpack_for_fsdp")
+_STATEFUL_BUCKET_KINDS = _with_torch_impls("pack unpack update_bucket_view stash_grad_for_fsdp")
+DISTRIBUTED_KINDS = COLLECTIVE_KINDS | DISTRIBUTED_BUCKET_KINDS
+
 # ------------------------------------------------------------------------------------------- in place
 # The in-place family: ops that write into an existing buffer (``copy_(src, dst)`` writes ``dst``), keep
-# state (the RNG state), record aliasing (``update_aliases``), or scatter into a copy of a buffer.  They
-# always stay stand-alone ops where the trace has them and are never recomputed (tag ``in_place``).
+# state (the RNG state, the distributed bucket caches), record aliasing (``update_aliases``), or scatter
+# into a copy of a buffer.  They always stay stand-alone ops where the trace has them and are never
+# recomputed (tag ``in_place``).
 MUTATING_KINDS = frozenset({"copy_"})
 IN_PLACE_KINDS = MUTATING_KINDS | frozenset(
     """
@@ -158,23 +187,29 @@ IN_PLACE_KINDS = MUTATING_KINDS | frozenset(
     torch.Tensor.index_put_ torch.Tensor.index_copy_ torch.Tensor.index_add_ torch.Tensor.scatter_
     torch.Tensor.scatter_add_ torch.Tensor.index_fill_ torch.Tensor.copy_ torch.Tensor.__setitem__
     """.split()
-)
+) | _STATEFUL_BUCKET_KINDS
+
 #: Ops that must stay even when nothing reads their outputs (besides ops Thunder tags ``DONT_DCE`` or
-#: ``IN_PLACE``).
-SIDE_EFFECT_KINDS = frozenset({"copy_", "get_and_update_rng_state", "update_aliases", "sink"})
+#: ``IN_PLACE``): collectives and waits (every rank runs them) and the stateful bucketing ops included.
+SIDE_EFFECT_KINDS = (
+    frozenset({"copy_", "get_and_update_rng_state", "update_aliases", "sink"}) | COLLECTIVE_KINDS | _STATEFUL_BUCKET_KINDS
+)
 
 # ------------------------------------------------------------------------------------------------ tags
 #: Every tag :func:`op_tags` gives, and so every tag a plain graph may carry (docs/graph-schema.md).
 TAGS = frozenset(
-    {"matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape", "in_place", "mutates", "opaque", "no_recompute"}
+    {
+        "matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape", "in_place", "mutates", "opaque",
+        "no_recompute", "distributed",
+    }
 )
 # Tags that forbid recomputation whatever the RecomputePolicy says (see :func:`op_tags`).
-NEVER_RECOMPUTE_TAGS = frozenset({"in_place", "opaque", "no_recompute"})
+NEVER_RECOMPUTE_TAGS = frozenset({"in_place", "opaque", "no_recompute", "distributed"})
 # remat's own kinds and Thunder's bookkeeping.
 _REMAT_KNOWN_KINDS = frozenset({COTANGENT_KIND, RETURN_KIND, FUSION_KIND, "python_return"})
 _TABLES = (
     NVFUSER_FUSIBLE_PRIMS | VIEW_KINDS | MATMUL_KINDS | RNG_KINDS | STATELESS_RNG_KINDS | REDUCTION_KINDS
-    | INPUT_KINDS | BOOKKEEPING_KINDS | IN_PLACE_KINDS | _REMAT_KNOWN_KINDS
+    | INPUT_KINDS | BOOKKEEPING_KINDS | IN_PLACE_KINDS | DISTRIBUTED_KINDS | _REMAT_KNOWN_KINDS
 )
 
 
@@ -206,8 +241,10 @@ def op_tags(kind: str, thunder_tags: Iterable[str] = (), *, known: bool | None =
 
     ``in_place``: the in-place family (:data:`IN_PLACE_KINDS`, or Thunder's ``IN_PLACE`` tag); ``mutates``:
     it writes into a buffer it reads (``copy_``, Thunder ``IN_PLACE`` symbols); ``opaque``: a kind remat
-    does not know; ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``.
-    Ops with any of the last four tags except ``mutates`` alone are never recomputed."""
+    does not know; ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``; ``distributed``: a
+    collective, its wait or a bucketing op around them (:data:`DISTRIBUTED_KINDS`).
+    Ops tagged ``in_place``, ``opaque``, ``no_recompute`` or ``distributed`` (:data:`NEVER_RECOMPUTE_TAGS`)
+    are never recomputed and never join a region."""
     return _op_tags(kind, frozenset(thunder_tags), is_known_kind(kind) if known is None else known)
 
 
@@ -234,6 +271,8 @@ def _op_tags(kind: str, thunder_tags: frozenset[str], known: bool) -> frozenset[
         tags.add("mutates")
     if "dont_recompute_in_backward" in thunder_tags:
         tags.add("no_recompute")
+    if kind in DISTRIBUTED_KINDS:
+        tags.add("distributed")
     if not known:
         tags.add("opaque")
     return frozenset(tags)

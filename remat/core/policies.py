@@ -21,11 +21,17 @@ class RecomputePolicy:
 
     ``matmul`` / ``attention``: allow recomputing matmuls, linears and attention kernels.
     ``reductions``: allow recomputing reductions (norm statistics, sums; they shrink their input, so
-    saving their output is cheap anyway).  ``random``: allow recomputing *stateful* random ops; never
-    safe, kept for experiments only (stateless ``uniform_philox`` is always recomputable: it reproduces the
-    same numbers).  ``non_fusible``: allow recomputing ops that cannot join a fusion region (they would
-    run as stand-alone kernels in the backward).  Whatever the policy, ops tagged ``in_place``,
-    ``opaque`` or ``no_recompute`` (:func:`remat.core.ops.op_tags`) are never recomputed.
+    saving their output is cheap anyway).  ``non_fusible``: allow recomputing ops that cannot join a
+    fusion region (they would run as stand-alone kernels in the backward).  Whatever the policy, ops
+    tagged ``in_place``, ``opaque``, ``no_recompute`` or ``distributed`` (:func:`remat.core.ops.op_tags`) are never
+    recomputed.  Stateless random ops (``uniform_philox``) are always recomputable: run again, they
+    reproduce the same numbers.
+
+    ``unsafe_stateful_random``: allow recomputing *stateful* random ops (dropout on CPU, torch's RNG).
+    This CHANGES RESULTS: run again in the backward, such an op draws new numbers, so the backward
+    differentiates a different mask than the forward used and the gradients are wrong (off by 100% for
+    dropout).  For experiments only.  ``random=True``, this switch's old name, raises a ``ValueError``
+    saying so: a setting that changes results is only taken under a name that says it does.
     """
 
     matmul: bool = False
@@ -33,6 +39,21 @@ class RecomputePolicy:
     reductions: bool = False
     random: bool = False
     non_fusible: bool = False
+    unsafe_stateful_random: bool = False
+
+    def __post_init__(self) -> None:
+        for field_name in ("matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random"):
+            value = getattr(self, field_name)
+            if not isinstance(value, bool):
+                raise TypeError(f"RecomputePolicy.{field_name} must be True or False, got {type(value).__name__} {value!r}")
+        if self.random:
+            raise ValueError(
+                "RecomputePolicy(random=True) would let the backward re-run stateful random ops (dropout on CPU, "
+                "torch's RNG), which draw new numbers: the gradients would then be computed for a different "
+                "random mask than the forward used, i.e. wrong. Stateless random ops (uniform_philox) are "
+                "recomputed without it. If you want wrong-but-cheaper gradients for an experiment, ask for it "
+                "by name: RecomputePolicy(unsafe_stateful_random=True)"
+            )
 
     def allows(self, tags: Iterable[str], fusible: bool = True) -> bool:
         tags = set(tags)
@@ -44,7 +65,7 @@ class RecomputePolicy:
             return False
         if "reduction" in tags and not self.reductions:
             return False
-        if "rng" in tags and not self.random:
+        if "rng" in tags and not self.unsafe_stateful_random:
             return False
         if not fusible and "view" not in tags and not ({"matmul", "attention"} & tags) and not self.non_fusible:
             return False

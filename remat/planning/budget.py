@@ -1,25 +1,52 @@
-"""Memory budgets: trade recomputation for memory, peak-aware, along a Pareto frontier.
+"""Memory budgets: trade recomputation for memory, peak-aware, along a dense Pareto frontier.
 
 The default plan (:func:`remat.optimize` without a budget) saves as little as it can without recomputing
 matmuls, attention, reductions or random ops.  To go lower, remat prices those ops instead of forbidding
 them: in the flow network (:func:`remat.planning.problem.build_problem` with ``priced`` and ``recompute_price``) an
-op of the *priced* policy may be recomputed if the cut pays ``price x FLOPs`` for it.  Sweeping the price
-from infinity (the default plan) to zero (recompute everything the priced policy allows) gives plans that
-trade FLOPs for bytes, cheapest FLOPs per byte first.
+op of the *priced* policy may be recomputed if the cut pays ``price x FLOPs`` for it.
 
-Peak-aware.  Saved bytes are not the peak: only tensors alive at the peak matter.  For each plan remat
-estimates the peak with the memory model (:func:`plan_memory`, which simulates the rewritten trace
-without building it), then re-solves with the values that are *not* alive at the peak made cheap to keep
-(weight :data:`OFF_PEAK_WEIGHT`), which moves recomputation to where it lowers the peak; a few rounds per
-price.  Every evaluated plan is a point (estimated peak, extra FLOPs); :func:`pareto` returns the points
-no other point beats on both.
+How :func:`pareto` finds points (docs/memory-model.md, "Memory budgets", says the same for users):
+
+1. **Price vertices (exact for the cut).**  Sweeping the price from infinity (the default plan) to zero
+   (recompute everything the priced policy allows) gives the plans that minimize ``saved bytes + price x
+   FLOPs``: the vertices of the convex hull of (saved bytes, FLOPs).  Lowering the price only lowers
+   source capacities, so the minimum cuts are nested (parametric max-flow, Gallo, Grigoriadis and Tarjan
+   1989) and the sweep bisects the price grid (:data:`PRICES`), solving only where the cut changes.
+   A sweep alone is coarse: identical layers cross the same price together (LitGPT Llama-2-7b, 2 layers,
+   batch 4, seq 8192: one step from the default plan to "recompute every layer's matmuls").
+2. **Peak-aware rounds (heuristic).**  Saved bytes are not the peak: only tensors alive at the peak
+   matter.  Each vertex is re-solved with the values that are *not* alive at its peak (from the memory
+   model) made cheap to keep (weight :data:`OFF_PEAK_WEIGHT`), a few rounds; the sweep is also run once
+   with the default plan's off-peak values made cheap.
+3. **Interpolation between neighbouring vertices (heuristic order).**  For vertices ``a`` and ``b`` (lower
+   price), the priced ops ``b`` recomputes and ``a`` does not are allowed a prefix at a time, in forward
+   order, at ``b``'s price (``build_problem(priced_ops=...)``): the cut still decides exactly what to save
+   given what may be recomputed.  Identical layers come one after another in forward order, so a prefix
+   is "the first k layers" and, within a layer, its ops one at a time (a layer's qkv projection alone,
+   its MLP inputs alone, as Megatron's selective recompute and PyTorch's SAC policies allow).  Earliest
+   first because their saved values live longest (across the peak at the start of the backward) and
+   their recomputation runs last, when little else is alive.  Every step of such a chain trades FLOPs for
+   bytes at about the vertices' rate, so the points lie near the straight line between them instead of
+   jumping to ``b``.  At most :data:`MAX_INTERPOLATED` plans are evaluated in all (spread over the
+   FLOPs, in proportion to how much each pair of vertices lowers the peak): every step for a few layers,
+   fewer than one per layer on a 32-layer model.
+
+Every candidate is evaluated by the memory model (:func:`plan_memory`: the rewritten trace simulated
+without building it); :func:`pareto` returns the default plan, then the points below its peak that no
+other point beats on both estimated peak and extra FLOPs.  What is exact: each plan's cut (fewest saved
+bytes given what may be recomputed and at what price), its estimated peak and FLOPs, and the hull
+vertices on the price grid.  What is not: which subset of ops to allow between vertices (forward order,
+not a search), so a frontier point may have a higher peak than the best plan with its FLOPs;
+``remat.planning.reference.milp_min_peak`` gives that optimum for small plain graphs
+(benchmarks/budget.py compares).
 
 Budgets.  :func:`plan_for_budget` (what ``optimize(trace, memory_budget=B)`` and ``solve(graph,
-memory_budget=B)`` use; B a :class:`remat.MemoryBudget`: bytes, or a fraction of the un-optimized
-estimated peak) takes the frontier point with the fewest extra FLOPs whose estimated peak fits in B, or
-the lowest point if none does.  Budgets return plans; the pipeline applies them.  The frontier does not depend on B, so a smaller budget never
-gives a higher estimated peak (the choice for a smaller budget is either the same point or one whose peak
-is below the larger budget's choice).
+memory_budget=B)`` use; B a :class:`remat.MemoryBudget`: bytes, or a fraction of the *default plan's*
+estimated peak, the frontier's first point) takes the frontier point with the fewest extra FLOPs whose
+estimated peak fits in B, or the lowest point if none does (``fits`` is False; the caller says so, with
+that smallest reachable peak).  Budgets return plans; the pipeline applies them.  The frontier does not
+depend on B, so a smaller budget never gives a higher estimated peak (the choice for a smaller budget is
+either the same point or one whose peak is below the larger budget's choice).
 
 Random ops.  Stateful RNG (``uniform`` off CUDA) is never priced: recomputing it would draw new numbers
 (PyTorch issue 190758).  Thunder's stateless ``uniform_philox`` (what :func:`remat.fuse` turns dropout
@@ -32,20 +59,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from remat.core.ir import FusionGraph
-from remat.core.layout import layout_graph, plan_layout
+from remat.core.layout import Layout, layout_graph, plan_layout
 from remat.core.memory import MemoryBudget, MemoryProfile, lifetimes, profile_graph, save_cost
 from remat.core.policies import RecomputePolicy
 from remat.core.views import alias_base
 from remat.errors import GraphError
-from remat.planning.flow import DEFAULT_SOLVER, Solver
-from remat.planning.plan import Plan, plan_graph
+from remat.planning.flow import DEFAULT_SOLVER, CutResult, Solver, min_cut
+from remat.planning.plan import Plan, plan_with_layout
+from remat.planning.problem import FlowProblem, build_problem
 
 __all__ = [
     "PRICED_POLICY",
     "OFF_PEAK_WEIGHT",
+    "MAX_INTERPOLATED",
     "BudgetChoice",
     "ParetoPoint",
     "pareto",
@@ -61,17 +91,29 @@ OFF_PEAK_WEIGHT = 0.05
 #: Prices (bytes per FLOP) swept by :func:`pareto`: from "the default plan" to "recompute all allowed".
 PRICES = (math.inf,) + tuple(10.0 ** (-k / 4) for k in range(0, 33)) + (0.0,)
 PEAK_ROUNDS = 2
+#: At most this many plans are evaluated between neighbouring price vertices by :func:`pareto`, over the
+#: whole frontier: every step of the interpolation when there are no more steps than this (a few layers),
+#: else this many spread over the recomputed FLOPs.  Past it, :func:`plan_for_budget` bisects the one
+#: chain that brackets the budget instead (what keeps a 32-layer search within seconds).
+MAX_INTERPOLATED = 40
+
+#: How a frontier point was found (:attr:`ParetoPoint.found`).
+FOUND = ("default", "price", "peak-aware", "interpolated")
 
 
 @dataclass(frozen=True)
 class ParetoPoint:
-    """One plan on the frontier: its estimated peak, the FLOPs it recomputes, and the plan."""
+    """One plan on the frontier: its estimated peak, the FLOPs it recomputes (per placement, as the
+    rewrite runs them), and the plan.  ``price``: the bytes-per-FLOP price it was solved at (``inf`` for
+    the default plan); ``found``: how (one of :data:`FOUND`: the default plan, a price of the sweep, a
+    peak-aware re-solve, or an interpolation between two price vertices)."""
 
     peak_bytes: int
     extra_flops: int
     plan: Plan
     saved_bytes: int
     price: float
+    found: str = "price"
 
     def __iter__(self):  # unpacks as (peak_bytes, extra_flops, plan)
         return iter((self.peak_bytes, self.extra_flops, self.plan))
@@ -80,12 +122,14 @@ class ParetoPoint:
 @dataclass(frozen=True)
 class BudgetChoice:
     """What :func:`plan_for_budget` chose: the frontier ``point`` (its plan), whether its estimated peak
-    ``fits`` in ``budget_bytes``, and the ``frontier`` it was chosen from."""
+    ``fits`` in ``budget_bytes``, the ``frontier`` it was chosen from, and ``reference_bytes``: what a
+    fractional budget was a fraction of (the default plan's estimated peak unless the caller gave one)."""
 
     point: ParetoPoint
     fits: bool
     budget_bytes: int
     frontier: list[ParetoPoint]
+    reference_bytes: int = 0
 
     @property
     def plan(self) -> Plan:
@@ -110,6 +154,213 @@ def _peak_weights(graph: FusionGraph, simulated: FusionGraph, plan: Plan, peak_s
     return weights
 
 
+class _Search:
+    """Solves and evaluates plans for one graph; remembers every distinct plan it evaluated."""
+
+    def __init__(self, graph: FusionGraph, recompute: RecomputePolicy, priced: RecomputePolicy, solver: Solver):
+        self.graph = graph
+        self.recompute = recompute
+        self.priced = priced
+        self.solver = solver
+        self.held = set(graph.forward_outputs)
+        self.points: list[ParetoPoint] = []
+        self.evaluated: dict[tuple, ParetoPoint] = {}  # every plan evaluated, by what it saves and recomputes
+        self.layouts: dict[tuple, Layout] = {}  # layouts of plans read off cuts, not evaluated yet
+        self.position = {op.id: i for i, op in enumerate(graph.ops)}
+        self.priceable: frozenset[Hashable] = frozenset()  # ops recomputable at a price (set by a finite, unrestricted solve)
+
+    def solve(
+        self, price: float, weights: Mapping[str, float] | None = None, priced_ops: Collection[Hashable] | None = None
+    ) -> tuple[Plan, bytes]:
+        """The plan of one minimum cut, and the cut itself (its sink side, as bytes) to compare cuts."""
+        return self.plan_of(*self.cut(price, weights, priced_ops))
+
+    def cut(
+        self, price: float, weights: Mapping[str, float] | None = None, priced_ops: Collection[Hashable] | None = None
+    ) -> tuple[FlowProblem, CutResult, float]:
+        """One minimum cut (without reading a plan off it: the sweep compares cuts first)."""
+        start = time.perf_counter()
+        problem = build_problem(
+            self.graph, self.recompute, priced=self.priced, recompute_price=price, weights=weights, priced_ops=priced_ops
+        )
+        if priced_ops is None and math.isfinite(price):
+            self.priceable = frozenset(problem.priced_ops)
+        return problem, min_cut(problem, self.solver), start
+
+    def plan_of(self, problem: FlowProblem, cut: CutResult, start: float) -> tuple[Plan, bytes]:
+        """The plan read off ``cut`` (``start``: when solving began, for ``solve_seconds``)."""
+        plan, layout = plan_with_layout(problem, cut, self.recompute)
+        self.layouts[_plan_key(plan)] = layout  # evaluate() reuses it
+        # the plan's own cost is in true bytes, whatever the weights were
+        plan = replace(
+            plan,
+            saved_bytes=sum(save_cost(self.graph, v, held=self.held) for v in plan.saved),
+            solve_seconds=time.perf_counter() - start,
+        )
+        return plan, cut.sink_side.tobytes()
+
+    def evaluate(self, plan: Plan, price: float, found: str) -> tuple[ParetoPoint, dict[str, float]] | None:
+        """Add ``plan`` as a point (None if an equal plan was evaluated before), with the weights that
+        make its off-peak saved values cheap (for the next peak-aware round)."""
+        key = _plan_key(plan)
+        layout = self.layouts.pop(key, None)
+        if key in self.evaluated:
+            return None
+        if layout is None:
+            layout = plan_layout(self.graph, plan)
+        simulated = layout_graph(self.graph, layout)
+        profile = profile_graph(simulated)
+        point = ParetoPoint(profile.peak_bytes, layout.extra_flops, plan, profile.saved_bytes, price, found)
+        self.points.append(point)
+        self.evaluated[key] = point
+        return point, _peak_weights(self.graph, simulated, plan, profile.peak_step)
+
+    def peak(self, plan: Plan, price: float, found: str) -> int:
+        """The estimated peak of ``plan``, evaluating it if it is new."""
+        self.evaluate(plan, price, found)
+        return self.evaluated[_plan_key(plan)].peak_bytes
+
+    def sweep(self, prices: Sequence[float], weights: Mapping[str, float] | None) -> list[tuple[float, Plan]]:
+        """The distinct plans of the finite ``prices`` (highest price first), each with the highest price
+        giving it.  Lowering the price only lowers source capacities, so the minimum cuts are nested
+        (Gallo, Grigoriadis and Tarjan's parametric max-flow): where two prices give the same cut, every
+        price between them does too, and is not solved."""
+        finite = sorted({p for p in prices if math.isfinite(p)}, reverse=True)
+        if not finite:
+            return []
+        solved: dict[int, tuple[FlowProblem, CutResult, float]] = {}
+
+        def side(i: int) -> bytes:
+            if i not in solved:
+                solved[i] = self.cut(finite[i], weights)
+            return solved[i][1].sink_side.tobytes()
+
+        def explore(lo: int, hi: int) -> None:
+            if hi - lo <= 1 or side(lo) == side(hi):
+                return
+            mid = (lo + hi) // 2
+            side(mid)
+            explore(lo, mid)
+            explore(mid, hi)
+
+        side(0)
+        explore(0, len(finite) - 1)
+        distinct: list[tuple[float, Plan]] = []
+        previous = None
+        for i in sorted(solved):
+            cut = side(i)
+            if cut != previous:
+                distinct.append((finite[i], self.plan_of(*solved[i])[0]))
+            previous = cut
+        return distinct
+
+    def with_peak_rounds(self, price: float, plan: Plan, found: str) -> None:
+        """Evaluate ``plan``, then re-solve at its price with its off-peak values made cheap, a few rounds."""
+        outcome = self.evaluate(plan, price, found)
+        for _ in range(PEAK_ROUNDS):
+            if outcome is None or not outcome[1]:
+                return
+            plan, _ = self.solve(price, outcome[1])
+            outcome = self.evaluate(plan, price, "peak-aware")
+
+    def priced_recomputed(self, plan: Plan) -> set[Hashable]:
+        return self.priceable.intersection(plan.recomputed_ops)
+
+    def chains(self, vertices: list[tuple[float, Plan]]) -> list[_Chain]:
+        """For neighbouring price vertices ``a`` (higher price) and ``b``: the priced ops ``b`` recomputes
+        and ``a`` does not, in forward order (see :meth:`interpolate`)."""
+        chains = []
+        for (_, plan_a), (price_b, plan_b) in zip(vertices, vertices[1:]):
+            base = self.priced_recomputed(plan_a)
+            steps = sorted(self.priced_recomputed(plan_b) - base, key=self.position.__getitem__)
+            if len(steps) > 1:
+                peak_a = self.evaluated[_plan_key(plan_a)].peak_bytes
+                peak_b = self.evaluated[_plan_key(plan_b)].peak_bytes
+                chains.append(_Chain(price_b, frozenset(base), tuple(steps), peak_a, peak_b))
+        return chains
+
+    def step(self, chain: _Chain, k: int) -> Plan:
+        """The plan allowing ``a``'s priced ops and the first ``k`` steps of ``chain``, at ``b``'s price."""
+        plan, _ = self.solve(chain.price, None, chain.base.union(chain.steps[:k]))
+        return plan
+
+    def interpolate(self, chains: list[_Chain], max_plans: int) -> None:
+        """Plans between neighbouring price vertices ``a`` and ``b``: ``a``'s priced ops and a prefix of
+        the chain's steps allowed at ``b``'s price.  Identical layers come one after another in forward
+        order, so a prefix is "the first k layers" (down to single ops within a layer): the earliest
+        layers' saved values live longest, across the peak at the start of the backward, and their
+        recomputation runs last, when little else is alive.  When there are more steps than
+        ``max_plans``, each chain gets a share in proportion to how much lower ``b``'s estimated peak is
+        than ``a``'s, spread evenly over its FLOPs."""
+        interior = sum(len(chain.steps) - 1 for chain in chains)
+        if interior == 0 or max_plans <= 0:
+            return
+        total_drop = sum(chain.drop for chain in chains)
+        for chain in chains:
+            count = len(chain.steps) - 1
+            if interior > max_plans:
+                share = chain.drop / total_drop if total_drop else (len(chain.steps) - 1) / interior
+                count = min(count, round(max_plans * share))
+            for k in _prefix_lengths([self.graph.ops[self.position[op]].flops for op in chain.steps], count):
+                self.evaluate(self.step(chain, k), chain.price, "interpolated")
+
+    def refine(self, chains: list[_Chain], budget_bytes: int) -> None:
+        """Bisect the chain whose vertices bracket ``budget_bytes`` for its shortest prefix that fits
+        (about log2(steps) plans instead of all of them; assumes the peak falls along the chain, as it
+        does when each step recomputes one more layer's ops)."""
+        for chain in chains:
+            if not chain.peak_b <= budget_bytes < chain.peak_a:
+                continue
+            low, high = 0, len(chain.steps)  # prefix ``low`` does not fit, ``high`` does
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self.peak(self.step(chain, middle), chain.price, "interpolated") <= budget_bytes:
+                    high = middle
+                else:
+                    low = middle
+
+
+@dataclass(frozen=True)
+class _Chain:
+    price: float
+    base: frozenset
+    steps: tuple
+    peak_a: int
+    peak_b: int
+
+    @property
+    def drop(self) -> int:
+        return max(self.peak_a - self.peak_b, 0)
+
+
+def _plan_key(plan: Plan) -> tuple:
+    return frozenset(plan.saved), frozenset(plan.recomputed_values)
+
+
+def _prefix_lengths(flops: list[int], count: int) -> list[int]:
+    """``count`` prefix lengths in 1..len(flops)-1, spread evenly over the cumulative FLOPs (all of them
+    when ``count`` covers them)."""
+    inner = len(flops) - 1
+    if count >= inner:
+        return list(range(1, inner + 1))
+    if count <= 0:
+        return []
+    total = sum(flops) or 1
+    cumulative = []
+    running = 0
+    for f in flops:
+        running += f
+        cumulative.append(running)
+    lengths: list[int] = []
+    for j in range(1, count + 1):
+        target = total * j / (count + 1)
+        k = next((i + 1 for i, c in enumerate(cumulative) if c >= target), inner)
+        k = min(max(k, 1), inner)
+        if k not in lengths:
+            lengths.append(k)
+    return lengths
+
+
 def pareto(
     graph: FusionGraph,
     *,
@@ -117,61 +368,46 @@ def pareto(
     priced: RecomputePolicy | None = None,
     solver: Solver = DEFAULT_SOLVER,
     prices: tuple[float, ...] = PRICES,
+    max_interpolated: int = MAX_INTERPOLATED,
 ) -> list[ParetoPoint]:
-    """The (estimated peak, extra FLOPs) frontier of plans for ``graph``: points sorted by extra FLOPs,
-    each with a lower peak than the one before.  The first point is the default plan.  See the module
-    docstring for how points are found."""
+    """The (estimated peak, extra FLOPs) frontier of plans for ``graph``.  The first point is the default
+    plan (what :func:`remat.optimize` uses without a budget); the others have lower peaks, sorted by
+    extra FLOPs, each with a lower peak than the one before.  ``max_interpolated`` caps the plans
+    evaluated between price vertices (:data:`MAX_INTERPOLATED`; 0: the price sweep alone).  See the
+    module docstring for how points are found and what is exact."""
+    _check_interpolated(max_interpolated)
+    search, default, vertices = _vertices(graph, recompute, priced, solver, prices)
+    search.interpolate(search.chains(vertices), max_interpolated)
+    return _pareto_filter(default, search.points)
+
+
+def _check_interpolated(max_interpolated: object) -> None:
+    if isinstance(max_interpolated, bool) or not isinstance(max_interpolated, int) or max_interpolated < 0:
+        raise ValueError(f"max_interpolated must be a non-negative int, got {max_interpolated!r}")
+
+
+def _vertices(graph, recompute, priced, solver, prices) -> tuple[_Search, ParetoPoint, list[tuple[float, Plan]]]:
+    """The default plan, the price sweeps with their peak-aware rounds; the uniform sweep's vertices."""
     if graph.ops is None:
         raise GraphError("this FusionGraph was read without operations; budgets need them (remat.read_trace(trace))")
-    points = _frontier_points(graph, recompute or RecomputePolicy(), priced or PRICED_POLICY, solver, prices)
-    return _pareto_filter(points)
+    search = _Search(graph, recompute or RecomputePolicy(), priced or PRICED_POLICY, solver)
+    default_plan, _ = search.solve(math.inf)
+    default, default_weights = search.evaluate(default_plan, math.inf, "default")
+    vertices = [(math.inf, default_plan)] + search.sweep(prices, None)
+    for price, plan in vertices[1:]:
+        search.with_peak_rounds(price, plan, "price")
+    if default_weights:  # the same sweep with the default plan's off-peak values made cheap
+        for price, plan in search.sweep(prices, default_weights):
+            search.with_peak_rounds(price, plan, "price")
+    return search, default, vertices
 
 
-def _frontier_points(graph, recompute, priced, solver, prices) -> list[ParetoPoint]:
-    points: list[ParetoPoint] = []
-    seen: set[tuple] = set()
-    held = set(graph.forward_outputs)
-
-    def evaluate(price: float, weights: dict[str, float]) -> tuple[ParetoPoint, dict[str, float]] | None:
-        start = time.perf_counter()
-        plan = plan_graph(graph, recompute, solver, priced=priced, recompute_price=price, weights=weights)
-        # the plan's own cost is in true bytes, whatever the weights were
-        plan = replace(
-            plan,
-            saved_bytes=sum(save_cost(graph, v, held=held) for v in plan.saved),
-            solve_seconds=time.perf_counter() - start,
-        )
-        key = (frozenset(plan.saved), frozenset(plan.recomputed_values))
-        if key in seen:
-            return None
-        seen.add(key)
-        layout = plan_layout(graph, plan)
-        simulated = layout_graph(graph, layout)
-        profile = profile_graph(simulated)
-        point = ParetoPoint(profile.peak_bytes, layout.extra_flops, plan, profile.saved_bytes, price)
-        points.append(point)
-        return point, _peak_weights(graph, simulated, plan, profile.peak_step)
-
-    # The default plan, and where its peak is: each price is tried with uniform weights and with the
-    # default plan's off-peak values made cheap, then re-weighted by its own plan's peak.
-    first = evaluate(math.inf, {})
-    default_weights = first[1] if first is not None else {}
-    for price in prices:
-        if math.isinf(price):
-            continue
-        for weights in ({}, default_weights):
-            for _ in range(1 + PEAK_ROUNDS):
-                outcome = evaluate(price, weights)
-                if outcome is None or not outcome[1]:
-                    break
-                weights = outcome[1]
-    return points
-
-
-def _pareto_filter(points: list[ParetoPoint]) -> list[ParetoPoint]:
-    frontier: list[ParetoPoint] = []
-    for point in sorted(points, key=lambda p: (p.extra_flops, p.peak_bytes, p.saved_bytes)):
-        if not frontier or point.peak_bytes < frontier[-1].peak_bytes:
+def _pareto_filter(default: ParetoPoint, points: list[ParetoPoint]) -> list[ParetoPoint]:
+    """The default plan, then the points below its peak that no other point beats on both counts."""
+    frontier = [default]
+    lower = (p for p in points if p is not default and p.peak_bytes < default.peak_bytes)
+    for point in sorted(lower, key=lambda p: (p.extra_flops, p.peak_bytes, p.saved_bytes)):
+        if point.peak_bytes < frontier[-1].peak_bytes:
             frontier.append(point)
     return frontier
 
@@ -194,11 +430,25 @@ def plan_for_budget(
     priced: RecomputePolicy | None = None,
     solver: Solver = DEFAULT_SOLVER,
 ) -> BudgetChoice:
-    """The cheapest frontier plan whose estimated peak fits ``memory_budget`` (a fraction is of
-    ``reference_peak``, by default the estimated peak of ``graph`` as it is), or the lowest one."""
+    """The cheapest frontier plan whose estimated peak fits ``memory_budget``, or the lowest one (then
+    ``fits`` is False).  A fraction is of ``reference_peak``, by default the estimated peak of the
+    default plan (the frontier's first point: what remat uses without a budget), so ``1.0`` is the
+    default plan and ``0.7`` asks for 30% less than it.
+
+    The frontier is :func:`pareto`'s when its interpolation has at most :data:`MAX_INTERPOLATED` steps
+    (a few layers).  On deeper models, instead of evaluating a capped, evenly spread subset, the one
+    interpolation chain whose vertices bracket the budget is bisected for its cheapest plan that fits
+    (about log2(steps) plans: what keeps a 32-layer search within seconds); ``frontier`` then holds the
+    points evaluated."""
+    search, default, vertices = _vertices(graph, recompute, priced, solver, PRICES)
     if reference_peak is None:
-        reference_peak = profile_graph(graph).peak_bytes
+        reference_peak = default.peak_bytes
     budget_bytes = memory_budget.resolve(reference_peak)
-    frontier = pareto(graph, recompute=recompute, priced=priced, solver=solver)
+    chains = search.chains(vertices)
+    if sum(len(chain.steps) - 1 for chain in chains) <= MAX_INTERPOLATED:
+        search.interpolate(chains, MAX_INTERPOLATED)
+    else:  # below every vertex: the cheapest plan reaching the lowest of them
+        search.refine(chains, max(budget_bytes, min(point.peak_bytes for point in search.points)))
+    frontier = _pareto_filter(default, search.points)
     point, fits = choose(frontier, budget_bytes)
-    return BudgetChoice(point, fits, budget_bytes, frontier)
+    return BudgetChoice(point, fits, budget_bytes, frontier, reference_peak)

@@ -12,12 +12,12 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 
 from remat.core.ir import FusionGraph
-from remat.core.layout import recompute_closure
+from remat.core.layout import Layout, plan_layout, recompute_closure
 from remat.core.policies import RecomputePolicy
 from remat.planning.flow import DEFAULT_SOLVER, CutResult, Solver, min_cut
 from remat.planning.problem import FlowProblem, build_problem
 
-__all__ = ["Plan", "plan_from_cut", "plan_graph"]
+__all__ = ["Plan", "plan_from_cut", "plan_with_layout", "plan_graph"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class Plan:
     ``saved``: forward values kept for the backward.  ``recomputed_ops``: forward op nodes run again in
     the backward (in forward order).  ``recomputed_values``: values the backward reads that it gets by
     recomputation.  ``saved_bytes``: what keeping ``saved`` costs (views of parameters and forward outputs
-    cost nothing).  ``extra_flops``: FLOPs of the recomputed ops, each counted once.  ``solver``: the
+    cost nothing).  ``extra_flops``: FLOPs the rewritten step runs beyond the original, each recomputed
+    op counted every time it runs (once per unit it is recomputed for, as
+    :func:`remat.core.layout.plan_layout` places it; docs/concepts.md).  ``solver``: the
     min-cut algorithm; ``recompute``: the :class:`~remat.RecomputePolicy` planned with; ``scale``: bytes per
     unit of the cut (1: exact).
     """
@@ -53,6 +55,12 @@ class Plan:
 def plan_from_cut(problem: FlowProblem, cut: CutResult, recompute: RecomputePolicy | None = None) -> Plan:
     """Saved values are those whose split edge crosses the cut (``in`` on the source side, ``out`` on
     the sink side); recomputation follows from them (:func:`remat.core.layout.recompute_closure`)."""
+    return plan_with_layout(problem, cut, recompute)[0]
+
+
+def plan_with_layout(problem: FlowProblem, cut: CutResult, recompute: RecomputePolicy | None = None) -> tuple[Plan, Layout]:
+    """:func:`plan_from_cut` and the plan's :class:`~remat.core.layout.Layout` (which counts its extra
+    FLOPs), for callers that evaluate the plan next and need not lay it out twice."""
     sink_side = cut.sink_side
     saved = [name for name, i in problem.value_index.items() if not sink_side[2 + 2 * i] and sink_side[3 + 2 * i]]
     saved_set = set(saved)
@@ -68,17 +76,22 @@ def plan_from_cut(problem: FlowProblem, cut: CutResult, recompute: RecomputePoli
     pinned_recomputed = [problem.producer[v] for v in problem.pinned if problem.producer[v] in recomputed]
     if pinned_recomputed:  # cannot happen with a finite cut; a guard against solver bugs
         raise AssertionError(f"plan recomputes pinned ops {pinned_recomputed[:5]}")
-    return Plan(
+    plan = Plan(
         saved=tuple(saved),
         recomputed_ops=tuple(ops),
         recomputed_values=tuple(recomputed_values),
         saved_bytes=sum(problem.save_cost[v] for v in saved),
-        extra_flops=sum(problem.op_flops.get(op, 0) for op in ops),
+        extra_flops=0,
         solve_seconds=cut.seconds,
         solver=cut.solver,
         recompute=recompute or RecomputePolicy(),
         scale=cut.scale,
     )
+    if problem.graph is None:
+        raise ValueError("plan_from_cut needs the problem's graph (build it with build_problem)")
+    # the one count of extra FLOPs: the layout's, where an op recomputed for two units runs twice
+    layout = plan_layout(problem.graph, plan)
+    return replace(plan, extra_flops=layout.extra_flops), layout
 
 
 def plan_graph(

@@ -23,7 +23,7 @@ needed by the backward is *recomputed* there.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +50,7 @@ class FlowProblem:
     edges).  ``values[i]`` is the name of the value whose split nodes are ``2 + 2*i`` (in) and
     ``3 + 2*i`` (out).  ``producer[name]`` is the op node writing a value; ``reads[op]`` the network values
     an op reads; ``backward_reads`` the values read by backward ops; ``pinned`` the values that may not be
-    recomputed.
+    recomputed; ``priced_ops`` the op nodes that may be recomputed at a price (see :func:`build_problem`).
     """
 
     values: list[str]
@@ -66,6 +66,10 @@ class FlowProblem:
     pinned: set[str]
     op_flops: dict[Hashable, int] = field(default_factory=dict)
     unsavable: set[str] = field(default_factory=set)
+    #: forward ops recomputable at a price (``priced`` allows them, ``recompute`` does not)
+    priced_ops: set[Hashable] = field(default_factory=set)
+    #: the graph the problem was built from (a plan's extra FLOPs are counted on its layout)
+    graph: FusionGraph | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -85,6 +89,7 @@ def build_problem(
     priced: RecomputePolicy | None = None,
     recompute_price: float = 0.0,
     weights: Mapping[str, float] | None = None,
+    priced_ops: Collection[Hashable] | None = None,
 ) -> FlowProblem:
     """Build the flow network of ``graph`` (see the module docstring).  ``recompute`` says what may be
     recomputed (default :class:`~remat.RecomputePolicy()`); ops that read a buffer written in place
@@ -94,7 +99,9 @@ def build_problem(
     allow but ``priced`` does may be recomputed at a price: ``SOURCE -> in(t)`` gets capacity
     ``recompute_price * flops`` (bytes per FLOP; split evenly over the op's outputs), so the cut pays for
     their FLOPs instead of being forbidden them.  ``weights`` scales the save cost of named values (the
-    peak-aware search makes values that are not alive at the peak cheap to keep).
+    peak-aware search makes values that are not alive at the peak cheap to keep).  ``priced_ops`` (op
+    ids) restricts pricing to those ops: the others stay pinned (the budget search interpolates between
+    frontier plans this way); None prices every op ``priced`` allows.
     """
     if graph.ops is None:
         raise GraphError("this FusionGraph was read without operations; the solver needs them (remat.read_trace(trace))")
@@ -113,6 +120,9 @@ def build_problem(
     op_flops: dict[Hashable, int] = {}
 
     price: dict[str, int] = {}  # value -> capacity of SOURCE -> in(value) for priced recomputation
+    priced_set: set[Hashable] = set()
+    if priced_ops is not None and not isinstance(priced_ops, (set, frozenset)):
+        priced_ops = set(priced_ops)
     for op in graph.ops:
         if op.phase != FORWARD or op.kind == RETURN_KIND or op.is_input or op.is_param:
             continue
@@ -120,10 +130,17 @@ def build_problem(
             allowed = False
         elif op.recompute is None:
             allowed = policy.allows(op.tags, op.fusible)
-            if not allowed and priced is not None and priced.allows(op.tags, op.fusible) and math.isfinite(recompute_price):
+            if (
+                not allowed
+                and priced is not None
+                and priced.allows(op.tags, op.fusible)
+                and math.isfinite(recompute_price)
+                and (priced_ops is None or op.id in priced_ops)
+            ):
                 share = recompute_price * op.flops / max(len(op.outputs), 1)
                 for name in op.outputs:
                     price[name] = max(int(round(share)), 1)
+                priced_set.add(op.id)
                 allowed = True
         else:
             allowed = op.recompute == "allowed"
@@ -208,4 +225,6 @@ def build_problem(
         pinned=pinned,
         op_flops=op_flops,
         unsavable=unsavable,
+        priced_ops=priced_set,
+        graph=graph,
     )

@@ -73,9 +73,7 @@ def milp_min_peak(
     held = set(fg.forward_outputs) | set(fg.gradients)
     forward = [k for k, op in enumerate(ops) if op.phase == "forward" and not (op.is_input or op.is_param)]
     backward = [k for k, op in enumerate(ops) if op.phase == "backward"]
-    free = {value_of[k] for k, op in enumerate(ops) if op.is_input or op.is_param}
     fwd_set = set(forward)
-    producer = {value_of[k]: k for k in range(len(ops))}
 
     def pinned(op) -> bool:
         if op.recompute is not None:

@@ -3,8 +3,8 @@
 The graph follows the schema of :mod:`remat.core.plain` (docs/graph-schema.md); a
 :class:`remat.FusionGraph`'s ``.nx`` does too.  Without a budget the plan is the one minimum cut
 (:func:`~remat.planning.plan.plan_graph`); with one, the cheapest plan of the Pareto frontier whose
-estimated peak fits (:func:`~remat.planning.budget.plan_for_budget`), the memory model running on one
-unit per node.  The returned plan names the graph's nodes.
+estimated peak fits (:func:`~remat.planning.budget.plan_for_budget`; a fraction is of the plan without a
+budget), the memory model running on one unit per node.  The returned plan names the graph's nodes.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ def solve(
 ) -> Plan:
     """Plan what a training graph saves and recomputes: one minimum cut over the whole forward.
 
-    ``memory_budget`` (see :class:`remat.MemoryBudget`; a fraction is of the graph's estimated peak with
-    nothing recomputed) asks for the cheapest plan on the Pareto frontier whose estimated peak fits; a
-    warning says when none does (the lowest plan is returned).  ``recompute``: what may be recomputed;
+    ``memory_budget`` (see :class:`remat.MemoryBudget`; a fraction is of the estimated peak of the plan
+    ``solve`` returns without a budget) asks for the cheapest plan on the Pareto frontier whose estimated
+    peak fits; a warning says when none does, with the smallest estimated peak reachable (that plan is
+    returned).  ``recompute``: what may be recomputed;
     ``solver``: the min-cut algorithm (a name from ``remat.planning.flow.ALGORITHMS`` or a function).
     Raises :class:`remat.GraphError` for malformed graphs and :class:`remat.InfeasibleError` when no
     finite cut exists; ``TypeError``/``ValueError`` for a wrong budget, policy or solver.
@@ -54,7 +55,7 @@ def solve(
         if not choice.fits:
             warnings.warn(
                 f"memory budget {budget} ({choice.budget_bytes} bytes) is not reachable; the smallest estimated "
-                f"peak is {choice.point.peak_bytes} bytes (using that plan)",
+                f"peak remat finds is {choice.point.peak_bytes} bytes (using that plan)",
                 OptimizationWarning,
                 stacklevel=2,
             )

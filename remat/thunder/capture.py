@@ -31,6 +31,7 @@ import thunder
 from thunder.core import prims
 from thunder.core.trace import TraceCtx, from_trace
 
+from remat._logging import stage
 from remat.errors import NoBackwardError, TraceCaptureError
 from remat.thunder.attention import attention_executor
 from remat.thunder.regions import ClaimingExecutor
@@ -123,11 +124,12 @@ def training_trace(
         executors = [*(ex for ex in thunder.get_default_executors() if ex.name == "sdpa"), attention_executor]
     jitted = thunder.jit(module_or_fn, executors=[*executors, capture])
     try:
-        with warnings.catch_warnings():
+        with stage("trace") as tracing, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            jitted(*example_args, **example_kwargs)
-    except _Captured:
-        pass
+            try:
+                jitted(*example_args, **example_kwargs)
+            except _Captured:
+                tracing.detail = f"{len(capture.captured.bound_symbols)} symbols"
     except Exception as exc:  # Thunder's own errors: report the cause, not a deep traceback alone
         raise TraceCaptureError(
             f"Thunder could not trace {getattr(module_or_fn, '__name__', type(module_or_fn).__name__)}: "

@@ -24,12 +24,20 @@ from thunder.core.compile_data import compile_data_and_stats, get_compile_data
 from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.rematerialization import rematerialize
 from thunder.core.trace import TraceCtx
-from thunder.executors.passes import _transform_for_operator_executor_execution
+from thunder.executors.passes import _transform_for_operator_executor_execution, update_fusion_call_ctx
 from thunder.transforms.autodiff import split_into_forward_and_backward
 
 from remat.errors import NoBackwardError
 
-__all__ = ["JointResult", "execute_joint", "example_inputs", "split_joint", "thunder_context", "thunder_rematerialize"]
+__all__ = [
+    "JointResult",
+    "execute_joint",
+    "example_inputs",
+    "rebuild_regions",
+    "split_joint",
+    "thunder_context",
+    "thunder_rematerialize",
+]
 
 
 @contextlib.contextmanager
@@ -46,11 +54,19 @@ def thunder_context(executors: Sequence[Any] | None = None):
 
 def thunder_rematerialize(trace: TraceCtx) -> tuple[TraceCtx, float]:
     """Thunder 0.2.6's own ``rematerialize`` on a fused trace (the baseline remat is compared with), and
-    the seconds it took."""
+    the seconds it took.  To run the result, rebuild its regions' callables (:func:`rebuild_regions`)."""
     start = time.perf_counter()
     with thunder_context():
         result = rematerialize(trace)
     return result, time.perf_counter() - start
+
+
+def rebuild_regions(trace: TraceCtx) -> TraceCtx:
+    """``trace`` with every region's callable made anew from its current inputs, outputs and subsymbols
+    (Thunder's ``update_fusion_call_ctx``, which Thunder's nvFuser pass runs after ``rematerialize``:
+    that pass edits regions' inputs and outputs but not the callables that run them)."""
+    with thunder_context():
+        return update_fusion_call_ctx(trace)
 
 
 def split_joint(trace: TraceCtx) -> tuple[TraceCtx, TraceCtx | None]:

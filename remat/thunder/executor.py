@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +41,8 @@ import thunder
 from thunder.core.trace import TraceCtx, from_trace
 
 from remat.core.policies import FusionPolicy, check_policy
-from remat.errors import OptimizationError, OptimizationWarning, RematError, UnsupportedTraceError
+from remat._logging import stage
+from remat.errors import OptimizationError, OptimizationWarning, RematError, UnsupportedTraceError, warn
 from remat.thunder import nvfuser
 from remat.thunder.attention import attention_executor, cudnn_attention_executor
 from remat.thunder.capture import is_joint_trace, is_thunder_compiled
@@ -49,7 +50,7 @@ from remat.thunder.fuse import fuse
 from remat.thunder.read import check_trace
 from remat.thunder.regions import RegionExecutor
 
-__all__ = ["RematExecutor", "ATTENTION_CHOICES", "default_executors", "jit_with"]
+__all__ = ["RematExecutor", "ATTENTION_CHOICES", "DefaultsInstalled", "default_executors", "install_defaults", "jit_with"]
 
 #: The values of ``attention=`` (see :func:`default_executors`).
 ATTENTION_CHOICES = ("auto", "thunder")
@@ -60,12 +61,14 @@ class RematExecutor(RegionExecutor):
 
     ``optimizer``: the planning step, a function of a fused joint trace returning an object with
     ``.trace``, ``.after.peak_bytes`` and ``.notes`` (:func:`remat.optimize` with its arguments bound; it
-    warns with :class:`remat.OptimizationWarning` and raises only when strict).  ``fusion``: which ops
+    warns with :class:`remat.OptimizationWarning` and raises only when strict), or None to fuse only
+    (regions without any rematerialization: ``remat.jit(fn, plan=False)``, to tell a region's numerics
+    from the cut's when results differ).  ``fusion``: which ops
     join regions; ``runtime``: what runs them; ``strict``: raise instead of falling back."""
 
     def __init__(
         self,
-        optimizer: Callable[[TraceCtx], Any],
+        optimizer: Callable[[TraceCtx], Any] | None,
         *,
         fusion: FusionPolicy | None = None,
         runtime: str = "auto",
@@ -75,15 +78,15 @@ class RematExecutor(RegionExecutor):
         check_policy(fusion, FusionPolicy, "fusion")
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {type(strict).__name__}")
-        if not callable(optimizer):
-            raise TypeError(f"optimizer must be a function of a fused trace, got {type(optimizer).__name__}")
+        if optimizer is not None and not callable(optimizer):
+            raise TypeError(f"optimizer must be a function of a fused trace or None, got {type(optimizer).__name__}")
         super().__init__(name, runtime=runtime)
         if fusion is None:
             fusion = FusionPolicy()
         elif self.runtime == "nvfuser" and (fusion.linear or fusion.matmul) and not nvfuser.linear_supported():
-            warnings.warn(
+            warn(
                 f"nvFuser {nvfuser.version()} is older than {nvfuser.MIN_LINEAR_VERSION}: linear and matmul stay outside regions",
-                stacklevel=3,
+                UserWarning,
             )
             fusion = replace(fusion, linear=False, matmul=False)
         self.optimizer = optimizer
@@ -109,7 +112,10 @@ class RematExecutor(RegionExecutor):
         if symbolic is not None:
             return self._left_as_thunder_made_it(flat, symbolic, UnsupportedTraceError(symbolic), start)
         try:
-            result_trace = self._fuse_and_optimize(flat)
+            with stage("compile") as compiling:
+                result_trace = self._fuse_and_optimize(flat)
+                regions = sum(1 for b in result_trace.bound_symbols if b.sym.is_fusion)
+                compiling.detail = f"remat executor: {regions} regions"
         except Exception as exc:
             if self.strict:
                 if isinstance(exc, RematError):
@@ -125,14 +131,14 @@ class RematExecutor(RegionExecutor):
         Thunder's torch executor runs), with one warning; ``strict`` raises ``error`` instead."""
         if self.strict and error is not None:
             raise error
-        warnings.warn(f"remat left this trace as Thunder made it: {reason}", OptimizationWarning, stacklevel=3)
+        warn(f"remat left this trace as Thunder made it: {reason}")
         self.notes.append(reason)
         self.last_seconds = time.perf_counter() - start
         return flat
 
     def _fuse_and_optimize(self, flat: TraceCtx) -> TraceCtx:
         variants = _fusion_variants(self.fusion)
-        if not is_joint_trace(flat):  # inference: nothing to rematerialize
+        if self.optimizer is None or not is_joint_trace(flat):  # fuse only, or inference: nothing to rematerialize
             self._stage = "fusing"
             return fuse(flat, variants[0], executor=self)
         best = None
@@ -153,7 +159,7 @@ class RematExecutor(RegionExecutor):
                 best_warnings = [str(w.message) for w in caught if issubclass(w.category, OptimizationWarning)]
         assert best is not None
         for message in dict.fromkeys(best_warnings):
-            warnings.warn(message, OptimizationWarning, stacklevel=4)
+            warn(message)
         self.last_result = best
         return best.trace
 
@@ -204,3 +210,38 @@ def jit_with(fn: Callable, remat_executor: RematExecutor, attention: str = "auto
     except AttributeError:  # pragma: no cover - objects that refuse attributes
         pass
     return jitted
+
+
+class DefaultsInstalled:
+    """Thunder's default executors replaced by ``executors`` until :meth:`uninstall` (or the end of a
+    ``with`` block): ``thunder.jit(fn)`` and ThunderFX without ``executors=`` then compile with them.
+    Undoing puts back exactly the list that was replaced; undoing twice does nothing."""
+
+    def __init__(self, executors: Sequence[Any]) -> None:
+        self.executors = list(executors)
+        self._replaced: list[Any] | None = list(thunder.extend.get_default_executors())
+        thunder.extend.set_default_executors(list(self.executors))
+
+    @property
+    def installed(self) -> bool:
+        return self._replaced is not None
+
+    def uninstall(self) -> None:
+        if self._replaced is not None:
+            thunder.extend.set_default_executors(self._replaced)
+            self._replaced = None
+
+    def __enter__(self) -> "DefaultsInstalled":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.uninstall()
+
+    def __repr__(self) -> str:
+        names = ", ".join(getattr(ex, "name", repr(ex)) for ex in self.executors)
+        return f"DefaultsInstalled([{names}], {'installed' if self.installed else 'uninstalled'})"
+
+
+def install_defaults(executors: Sequence[Any]) -> DefaultsInstalled:
+    """Make ``executors`` Thunder's default executor list (:class:`DefaultsInstalled`)."""
+    return DefaultsInstalled(executors)

@@ -50,8 +50,10 @@ from remat.core.layout import region_name
 from remat.core.ops import NEVER_RECOMPUTE_TAGS, SHAPE_ONLY_KINDS
 from remat.core.policies import FusionPolicy, check_policy
 from remat.core.storage import mutated_storage
+from remat._logging import stage
 from remat.errors import UnsupportedTraceError
 from remat.thunder.execute import thunder_context
+from remat.thunder.nvfuser import refusal
 from remat.thunder.read import op_kind, symbol_facts
 from remat.thunder.regions import RegionExecutor, default_region_executor, make_region, region_io
 
@@ -71,10 +73,12 @@ def _uniform_replaceable(trace: TraceCtx) -> bool:
 
 
 def _stand_alone(bsyms, kinds: list[str]) -> set[int]:
-    """Positions of bound symbols that must not join a region: the in-place family, unknown ops, and
+    """Positions of bound symbols that must not join a region: the in-place family, unknown ops, ops
+    whose arguments nvFuser refuses (:func:`remat.thunder.nvfuser.refusal`, e.g. a strided slice), and
     ops reading or writing storage that an op writes in place (see the module docstring)."""
     tags = [symbol_facts(bsym)[1] for bsym in bsyms]
     stand_alone = {i for i, t in enumerate(tags) if t & NEVER_RECOMPUTE_TAGS}
+    stand_alone |= {i for i, (bsym, kind) in enumerate(zip(bsyms, kinds)) if refusal(bsym, kind)}
     if not any("mutates" in t for t in tags):  # the common case: nothing is written in place
         return stand_alone
     names = [
@@ -237,7 +241,13 @@ def fuse(
     if executor is not None and not isinstance(executor, RegionExecutor):
         raise TypeError(f"executor must be a remat RegionExecutor (e.g. remat.executor()), got {type(executor).__name__}")
     executor = executor or default_region_executor()
+    with stage("fuse") as fusing:
+        fused = _form_regions(trace, policy, executor)
+        fusing.detail = f"{sum(1 for b in fused.bound_symbols if b.sym.is_fusion)} regions"
+    return fused
 
+
+def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecutor) -> TraceCtx:
     if _uniform_replaceable(trace):
         with thunder_context():
             trace = replace_uniform(trace)

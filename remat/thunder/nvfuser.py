@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from numbers import Number
 from typing import Any
@@ -34,8 +33,8 @@ from thunder.core import dtypes
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol
 
-from remat.core.ops import NVFUSER_BINARY_PRIMS, NVFUSER_UNARY_PRIMS
-from remat.errors import RematError
+from remat.core.ops import NVFUSER_BINARY_PRIMS, NVFUSER_UNARY_PRIMS, STATELESS_RNG_KINDS
+from remat.errors import RematError, warn
 from remat.thunder.read import op_kind
 
 __all__ = [
@@ -251,11 +250,27 @@ def _shape_op(name: str) -> Emitter:
     return emit
 
 
-def _emit_slice(w: _Writer, bsym: BoundSymbol) -> None:
+def _slice_strides(bsym: BoundSymbol) -> list:
     args, kwargs = bsym.args, bsym.kwargs
-    a, start, end = args[0], args[1], args[2]
-    strides = args[3] if len(args) > 3 and args[3] is not None else kwargs.get("strides") or [1] * len(start)
-    w.define(_out(bsym), f"fd.ops.slice({w.value(a)}, {_ints(start)}, {_ints(end)}, {_ints(strides)})")
+    return args[3] if len(args) > 3 and args[3] is not None else kwargs.get("strides") or [1] * len(args[1])
+
+
+def _emit_slice(w: _Writer, bsym: BoundSymbol) -> None:
+    reason = refusal(bsym, "slice")
+    if reason is not None:
+        raise EmitError(reason)
+    a, start, end = bsym.args[0], bsym.args[1], bsym.args[2]
+    w.define(_out(bsym), f"fd.ops.slice({w.value(a)}, {_ints(start)}, {_ints(end)}, {_ints(_slice_strides(bsym))})")
+
+
+def refusal(bsym: BoundSymbol, kind: str) -> str | None:
+    """Why nvFuser cannot run this one bound symbol of a kind it otherwise supports (a rule on its
+    arguments), or None.  :func:`remat.fuse` keeps such symbols out of regions, as Thunder's nvFuser
+    executor does with its checkers."""
+    if kind == "slice" and any(int(step) != 1 for step in _slice_strides(bsym)):
+        # nvFuser 0.2.36: "All slice operation strides must be of const size 1" (found by tests/test_gpu.py)
+        return "nvFuser slices with step 1 only"
+    return None
 
 
 def _emit_cat(w: _Writer, bsym: BoundSymbol) -> None:
@@ -376,7 +391,7 @@ def _emit_op(w: _Writer, bsym: BoundSymbol) -> None:
     emitter(w, bsym)
 
 
-def supported_kinds() -> frozenset[str]:
+def supported_kinds() -> frozenset[str]:  # arguments may still be refused: see refusal()
     """Op kinds :func:`definition_source` can write (the keys of :data:`EMITTERS`)."""
     return frozenset(EMITTERS)
 
@@ -558,7 +573,8 @@ def tensor_descriptor(tensor) -> tuple[tuple[bool | None, ...], tuple[int, ...]]
 class NvFuserRegionCallable:
     """Runs a region with nvFuser: one FusionDefinition per input layout, built on first use.  If
     nvFuser rejects the region, it runs with ``fallback`` (the torch reference) from then on, and one
-    warning names the region."""
+    warning names the region; except a region drawing random numbers (``uniform_philox``), which raises
+    :class:`remat.RematError`: torch's philox numbers are not nvFuser's."""
 
     def __init__(self, region: BoundSymbol, fallback: Callable):
         self.region = region
@@ -584,10 +600,18 @@ class NvFuserRegionCallable:
                 fd = self.definitions[key] = build(self.region, descriptors)
             return fd.execute(list(args))
         except Exception as exc:  # nvFuser refused the definition: this region runs in torch from now on
+            if any(op_kind(sub) in STATELESS_RNG_KINDS for sub in self.region.subsymbols):
+                # nvFuser's philox stream is not torch's (tests/test_gpu.py): a mask drawn by nvFuser in
+                # one region and recomputed by torch in another would differ, so no silent fallback
+                raise RematError(
+                    f"nvFuser rejected region {self.region.sym.name}, which draws random numbers "
+                    f"(uniform_philox); running it with torch would give other numbers than the regions nvFuser "
+                    f"runs ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+                ) from exc
             self.failed = f"{type(exc).__name__}: {exc}"
-            warnings.warn(
+            warn(
                 f"nvFuser rejected region {self.region.sym.name}; it runs with the torch executor instead "
                 f"({self.failed.splitlines()[0][:200]})",
-                stacklevel=2,
+                UserWarning,
             )
             return self.fallback(*args)

@@ -11,6 +11,11 @@
 4. the frozen :class:`FusionGraph`, whose ``origin`` (:class:`TraceOrigin`) keeps the bound symbols
    behind its ops and units for the rewrite.
 
+Names a person can read (:func:`module_names`, the graph's ``naming``) are worked out only when asked
+for (``FusionGraph.module_names``), so planning does not pay for them: dotted parameter names from the
+provenance Thunder records on each parameter proxy (exact), and the module of every op (exact for ops
+that read a parameter or write its gradient, inferred for the others; docs/concepts.md, "Names").
+
 The one place that maps a bound symbol to an op kind is :func:`op_kind`; its tags and fusibility come
 from the op table (:mod:`remat.core.ops`) through :func:`symbol_facts`.
 """
@@ -24,13 +29,31 @@ from typing import Any
 
 import thunder  # noqa: F401  (remat.thunder applied the compat bridge first)
 from thunder.core import prims
+from thunder.core.interpreter import PseudoInst
+from thunder.core.jit_ext import (
+    EXT_FLAG_IS_MODULE,
+    get_parameter_or_buffer_or_submodule_name_and_root,
+)
 from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, has_tags
 from thunder.core.trace import TraceCtx, TraceTag
+from thunder.distributed import prims as dist_prims
 from thunder.executors import pythonex, torchex
 
-from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
+from remat.core.ir import (
+    BACKWARD,
+    FORWARD,
+    ROOT_MODULE,
+    FusionGraph,
+    ModuleNames,
+    Op,
+    TensorInfo,
+    Unit,
+    common_module,
+    parameter_module,
+    split_phases,
+)
 from remat.core.ops import (
     ALIASING_PRIMS,
     BOOKKEEPING_KINDS,
@@ -44,10 +67,19 @@ from remat.core.ops import (
     is_known_kind,
     op_tags,
 )
-from remat.core.views import ViewFacts, alias_base, member_view, region_views, view_layout
+from remat.core.views import (
+    ViewFacts,
+    alias_base,
+    member_view,
+    region_views,
+    view_layout,
+)
 from remat.errors import UnsupportedTraceError
 
-__all__ = ["TraceOrigin", "read_trace", "op_kind", "symbol_facts", "tensor_facts", "check_trace"]
+__all__ = [
+    "TraceOrigin", "read_trace", "op_kind", "symbol_facts", "tensor_facts", "check_trace", "parameter_names",
+    "module_names", "random_draws",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,10 +96,11 @@ class TraceOrigin:
 
 
 def op_kind(bsym: BoundSymbol) -> str:
-    """The op kind remat classifies by: the lower-case PrimIDs name for prims, ``"fusion"`` for fusion
+    """The op kind remat classifies by: the lower-case PrimIDs name for prims (Thunder's distributed
+    prims, an enum of their own, included: ``"all_gather"``, ``"wait"``), ``"fusion"`` for fusion
     regions, else the symbol id."""
     sym_id = bsym.sym.id
-    if isinstance(sym_id, prims.PrimIDs):
+    if isinstance(sym_id, (prims.PrimIDs, dist_prims.PrimIDs)):
         return sym_id.name.lower()
     if bsym.sym.is_fusion:
         return FUSION_KIND
@@ -139,6 +172,19 @@ def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
         dtype = proxy.dtype
         return shape, _dtype_name(dtype), numel * dtype.bytes
     return (), type(proxy).__name__, 0
+
+
+def random_draws(trace: TraceCtx) -> list[str]:
+    """The values drawn by stateful random ops (``"rng"`` tag: e.g. ``uniform`` on the CPU), in the order
+    the trace draws them (inside regions too).  Two traces draw the same numbers from the same generator
+    state only if these lists are equal: a pass that reorders them changes every mask after the first
+    swap (stateless ``uniform_philox`` is not listed: its seed and offset fix its numbers)."""
+    draws: list[str] = []
+    for bsym in trace.bound_symbols:
+        for sub in bsym.subsymbols if bsym.sym.is_fusion else (bsym,):
+            if "rng" in symbol_facts(sub)[1]:
+                draws.extend(p.name for p in sub.flat_proxy_outs)
+    return draws
 
 
 def check_trace(trace: TraceCtx) -> str | None:
@@ -319,6 +365,7 @@ def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph |
         explicit_saved=explicit_saved,
         strides=reader.strides,
         origin=origin,
+        naming=module_names if ops else None,
     )
 
 
@@ -501,3 +548,202 @@ class _Reader:
             if name in local_producer:
                 self.producer_node[name] = local_producer[name]
         self.units.append(Unit(unit_index, bsym.sym.name, unit_kind, phase, ins, outs, tuple(nodes), unit_flops, frozenset(unit_tags)))
+
+
+# ---------------------------------------------------------------------------------------------- names
+def _parameter_path(proxy: Proxy) -> tuple[str, str] | None:
+    """``(kind, dotted name)`` of a parameter or buffer proxy, kind ``"_parameters"`` or ``"_buffers"``,
+    from the provenance Thunder's interpreter recorded when it loaded the tensor from the module
+    (``module._modules['h']._modules['0']..._parameters['weight']``: the record Thunder's prologue turns
+    into ``module.get_parameter('h.0....weight')``); None for anything else."""
+    record = getattr(proxy, "history", None)
+    try:  # the shape Thunder's decoder expects (checked first: it asserts, and asserts may be off)
+        if not (
+            record.inst is PseudoInst.BINARY_SUBSCR
+            and record.inputs[1].inst is PseudoInst.CONSTANT
+            and record.inputs[0].inst is PseudoInst.LOAD_ATTR
+            and record.inputs[0].inputs[0].ext_flag & EXT_FLAG_IS_MODULE
+        ):
+            return None
+        kind, parts, _root = get_parameter_or_buffer_or_submodule_name_and_root(record)
+    except (AttributeError, IndexError, TypeError, AssertionError):
+        return None
+    if kind not in ("_parameters", "_buffers") or not parts or not all(isinstance(p, str) for p in parts):
+        return None
+    return kind, ".".join(parts)
+
+
+def parameter_names(trace: TraceCtx) -> dict[str, str]:
+    """Proxy name -> dotted parameter or buffer name (``"t_transformer_h_0_mlp_fc_weight"`` ->
+    ``"transformer.h.0.mlp.fc.weight"``), as ``named_parameters()`` of the module Thunder loaded it from
+    spells it (normally the traced module).  Exact: read from the provenance Thunder keeps on each trace
+    input, not guessed from the proxy name; inputs that are not a module's parameters or buffers are left
+    out.  Remat's own traces (``fuse``, the rewrite) keep the input proxies, so they keep the names."""
+    if not isinstance(trace, TraceCtx):
+        raise TypeError(f"expected a Thunder trace (thunder.core.trace.TraceCtx), got {type(trace).__name__}")
+    found: dict[str, str] = {}
+    for proxy in tree_flatten((trace.args, trace.kwargs))[0]:
+        if isinstance(proxy, TensorProxy):
+            path = _parameter_path(proxy)
+            if path is not None:
+                found[proxy.name] = path[1]
+    return found
+
+
+def _gradient_owners(trace: TraceCtx, learnable: dict[str, str]) -> dict[str, str]:
+    """Gradient name -> the module whose parameter it is the gradient of: a joint trace returns
+    ``output`` (the gradients) aligned with ``flat_args`` (the inputs)."""
+    if not trace.bound_symbols:
+        return {}
+    ret = trace.bound_symbols[-1]
+    if op_kind(ret) != RETURN_KIND or not ret.args or not isinstance(ret.args[0], dict):
+        return {}
+    returned = ret.args[0]
+    args, grads = returned.get("flat_args"), returned.get("output")
+    if not isinstance(args, (list, tuple)) or not isinstance(grads, (list, tuple)) or len(args) != len(grads):
+        return {}
+    owners: dict[str, str] = {}
+    for arg, grad in zip(args, grads):
+        if isinstance(arg, Proxy) and isinstance(grad, Proxy) and arg.name in learnable:
+            owners[grad.name] = learnable[arg.name]
+    return owners
+
+
+def _source_key(bsym: BoundSymbol) -> tuple[str, Any] | None:
+    """Where in the user's source the forward op was traced (file and expression), or None."""
+    filename = getattr(bsym, "source_filename", None)
+    positions = getattr(bsym, "source_positions", None)
+    if not filename or positions is None:
+        return None
+    return filename, positions
+
+
+def module_names(graph: FusionGraph) -> ModuleNames | None:
+    """The :class:`remat.core.ir.ModuleNames` of a graph read from a trace (its ``naming``); None when the
+    trace's inputs carry no parameter names (a function traced on plain tensors).
+
+    Exact:
+
+    * parameter and buffer names (:func:`parameter_names`);
+    * *anchors*: an op that reads a parameter, or a value computed from parameters alone (a broadcast or
+      cast of a weight), belongs to the module owning it; an op that writes a parameter's gradient
+      belongs to that parameter's module (several modules: their deepest common module).  Buffers
+      (a rotary cos/sin table held by the model) name values but anchor nothing: the module holding a
+      buffer is not the one computing with it.
+
+    Inferred (a heuristic, linear in the ops):
+
+    * *same call*: consecutive forward ops (skipping ops without a source position) traced at the same
+      source position (file and expression, e.g. the ``F.layer_norm(...)`` line of one LayerNorm) are
+      one call; if the call holds an anchor, its other ops take the anchors' module;
+    * *between*: every other op takes the deepest common module of the nearest anchor before it and the
+      nearest anchor after it in trace order within its phase (the traced module itself before the first
+      and after the last).  Thunder records forward ops in execution order, so an op run between two
+      module calls ran in a module on the path between them: the common module contains the true one
+      but may be coarser (a residual add between two blocks is named after the block list).  The
+      backward is Thunder's reverse-order autodiff, for which the same rule is an approximation;
+    * *backward reads*: a backward op that reads forward values (not parameters) takes the deepest
+      common module of those values' modules when it lies inside the module the rule above gives (the
+      values a gradient reads are mostly those of the op it differentiates).
+    """
+    origin = graph.origin
+    if not isinstance(origin, TraceOrigin) or origin.op_bsyms is None or graph.ops is None:
+        return None
+    trace = origin.trace
+    learnable: dict[str, str] = {}
+    parameters: dict[str, str] = {}
+    for proxy in tree_flatten((trace.args, trace.kwargs))[0]:
+        if isinstance(proxy, TensorProxy):
+            path = _parameter_path(proxy)
+            if path is not None:
+                parameters[proxy.name] = path[1]
+                if path[0] == "_parameters":
+                    learnable[proxy.name] = parameter_module(path[1])
+    if not parameters:
+        return None
+    gradient_owner = _gradient_owners(trace, learnable)
+    ops, bsyms, tensors = graph.ops, origin.op_bsyms, graph.tensors
+    modules: list[str | None] = [None] * len(ops)
+    exact: set[int] = set()
+    # anchors, and values computed from parameters alone (they carry their parameter's module)
+    derived: dict[str, str] = dict(learnable)
+    steps: dict[str, list[int]] = {FORWARD: [], BACKWARD: []}
+    for op in ops:
+        if op.is_input:
+            owners = [learnable.get(n) or parameter_module(parameters[n]) for n in op.outputs if n in parameters]
+            if owners:
+                modules[op.id] = functools.reduce(common_module, owners)
+                exact.add(op.id)
+            continue
+        if op.kind in (COTANGENT_KIND, RETURN_KIND):
+            continue
+        steps[op.phase].append(op.id)
+        read = [derived[n] for n in op.inputs if n in derived]
+        written = [gradient_owner[n] for n in op.outputs if n in gradient_owner]
+        if not read and not written:
+            continue
+        module = functools.reduce(common_module, read + written)
+        modules[op.id] = module
+        exact.add(op.id)
+        if read and all(n in derived or (n in tensors and tensors[n].kind == "number") for n in op.inputs):
+            for name in op.outputs:
+                derived[name] = module
+    # same call: runs of forward ops at one source position that hold an anchor
+    anchored = set(exact)
+    run: list[int] = []
+    run_key = None
+
+    def close_run() -> None:
+        found = [modules[i] for i in run if i in exact]
+        if found:
+            module = functools.reduce(common_module, found)
+            for i in run:
+                if i not in exact:
+                    modules[i] = module
+                    anchored.add(i)
+
+    for i in steps[FORWARD]:
+        key = _source_key(bsyms[i])
+        if key is None:
+            continue
+        if key != run_key:
+            close_run()
+            run, run_key = [], key
+        run.append(i)
+    close_run()
+    # between: the deepest module containing the nearest anchors before and after, per phase
+    for phase_ops in steps.values():
+        after: list[str] = [ROOT_MODULE] * len(phase_ops)
+        following = ROOT_MODULE
+        for k in range(len(phase_ops) - 1, -1, -1):
+            after[k] = following
+            if phase_ops[k] in anchored:
+                following = modules[phase_ops[k]]
+        previous = ROOT_MODULE
+        for k, i in enumerate(phase_ops):
+            if i in anchored:
+                previous = modules[i]
+            else:
+                modules[i] = common_module(previous, after[k])
+    # a backward op reading forward values most often differentiates the op that made them: their
+    # module, where it lies inside the one the rule above gives
+    for i in steps[BACKWARD]:
+        if i in anchored:
+            continue
+        bound = modules[i]
+        read = [
+            modules[info.producer_node]
+            for info in (tensors.get(n) for n in ops[i].inputs)
+            if info is not None and info.phase == FORWARD and isinstance(info.producer_node, int)
+            and info.name not in parameters and modules[info.producer_node] is not None
+        ]
+        if read:
+            hint = functools.reduce(common_module, read)
+            if _inside(hint, bound):
+                modules[i] = hint
+    return ModuleNames(parameters, tuple(modules), frozenset(exact))
+
+
+def _inside(module: str, outer: str) -> bool:
+    """Whether dotted module path ``module`` is ``outer`` or lies inside it."""
+    return outer == ROOT_MODULE or module == outer or module.startswith(outer + ".")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import warnings
 
 import thunder
 from thunder.core import prims
@@ -24,6 +23,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, tracectx
 from thunder.executors.passes import _transform_for_operator_executor_execution, del_last_used
 
+from remat.errors import warn
 from remat.thunder import nvfuser
 from remat.thunder.execute import thunder_context
 
@@ -47,7 +47,7 @@ def resolve_runtime(runtime: str) -> str:
     if nvfuser.available():
         return "nvfuser"
     if nvfuser.version() is not None:
-        warnings.warn("nvFuser is installed but CUDA is not available: remat runs regions with the torch executor", stacklevel=4)
+        warn("nvFuser is installed but CUDA is not available: remat runs regions with the torch executor", UserWarning)
     return "torch"
 
 
