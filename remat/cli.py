@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import sys
 import tempfile
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 
 from remat._logging import logger
-from remat.errors import MissingExtraError
+from remat.compile import install
+from remat.errors import MissingExtraError, require_extra
 from remat.core.memory import MemoryBudget, format_bytes
 from remat.models import check_config_name, demo_model
 from remat.pipeline import optimize
@@ -111,6 +113,7 @@ _VALIDATORS: tuple[tuple[str, Callable[[object], object]], ...] = (
     ("layers", lambda value: check_positive("--layers", value)),
     ("seq", lambda value: check_positive("--seq", value)),
     ("budget", check_budget),
+    ("remat_budget", check_budget),
     ("device", check_device),
     ("out", check_out_dir),
 )
@@ -208,8 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--width", choices=("full", "demo"), default="full", help="full config, or shrunk to n_embd 128 (fast)")
     report.add_argument("--device", default="meta", help="meta, cpu or cuda[:N]: where the model is built (meta: tracing only)")
     report.set_defaults(func=run_report)
+    bench = sub.add_parser(
+        "benchmark-litgpt",
+        help="run Thunder's own benchmark_litgpt, unchanged, with remat as Thunder's default fusion executor",
+        description="Thunder's thunder/benchmarks/benchmark_litgpt.py (shipped in lightning-thunder) with remat installed "
+        "(remat.install()) in nvFuser's place; every argument other than remat's own goes to the script, e.g. "
+        "--model_name Llama-2-7b-hf --n_layers 4 --compile thunder (or dynamo_thunder). Needs a CUDA device.",
+    )
+    bench.add_argument("--remat-budget", default=None, help="remat's memory budget (as --budget); default: none")
+    bench.add_argument("--without-remat", action="store_true", help="run the script as Thunder ships it (the anchor)")
+    bench.set_defaults(func=run_benchmark_litgpt)
     try:
-        args = parser.parse_args(argv)
+        args, rest = parser.parse_known_args(argv)
+        if rest and args.command != "benchmark-litgpt":
+            parser.parse_args(argv)  # argparse's own message for unknown arguments
+        args.script_args = rest
     except SystemExit as exc:  # argparse has printed its usage error (status 2) or --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     try:
@@ -223,6 +239,26 @@ def main(argv: list[str] | None = None) -> int:
         except MissingExtraError as exc:  # e.g. report's pictures without matplotlib
             print(f"error: {exc}", file=sys.stderr)
             return 2
+
+
+def run_benchmark_litgpt(args: argparse.Namespace) -> int:
+    """Thunder's ``benchmark_litgpt`` as shipped, its arguments passed through; with remat installed as
+    Thunder's default fusion executor unless ``--without-remat`` (the script builds its executor list from
+    ``thunder.get_default_executors()``, for ``--compile thunder`` and ``dynamo_thunder`` alike)."""
+    import remat.thunder  # noqa: F401  (the compat bridge and the nvfuser alias, before the script imports Thunder)
+
+    jsonargparse = require_extra("jsonargparse", "benchmark-litgpt")
+    scope = contextlib.nullcontext() if args.without_remat else install(args.remat_budget)
+    with scope:
+        try:
+            script = importlib.import_module("thunder.benchmarks.benchmark_litgpt")  # sets a CUDA device on import
+        except Exception:
+            if torch.cuda.is_available():
+                raise
+            print("error: benchmark-litgpt runs Thunder's GPU benchmark: it needs a CUDA device", file=sys.stderr)
+            return 2
+        jsonargparse.CLI(script.benchmark_main, args=list(args.script_args))
+    return 0
 
 
 @contextlib.contextmanager

@@ -69,7 +69,7 @@ class MissingExtraError(RematError, ImportError):
 
 
 #: optional dependency -> the extra of setup.cfg that installs it
-EXTRAS = {"litgpt": "models", "matplotlib": "viz", "nvfuser_direct": "gpu"}
+EXTRAS = {"litgpt": "models", "jsonargparse": "models", "matplotlib": "viz", "nvfuser_direct": "gpu"}
 
 
 def require_extra(module: str, feature: str) -> ModuleType:

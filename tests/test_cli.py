@@ -167,3 +167,33 @@ def test_good_arguments_reach_the_work_checked_and_read(tmp_path, work):
     assert report_args.out == out and out.is_dir() and not any(out.iterdir())  # created, probe file gone
     assert report_args.device == "cpu" and report_args.layers == 2 and report_args.seq == 4096
     assert (demo_args.model, demo_args.layers, demo_args.seq) == ("pythia-14m", 1, 8)
+
+
+def test_benchmark_litgpt_runs_thunders_script_with_remat_installed(monkeypatch, capsys):
+    """``python -m remat benchmark-litgpt ARGS``: Thunder's shipped script (a stand-in here: the real one
+    sets a CUDA device when imported) gets ARGS unchanged, with remat as Thunder's default fusion
+    executor while it runs, and Thunder's defaults back afterwards (issue 16)."""
+    import sys
+    import types
+
+    import remat.thunder  # noqa: F401
+    import thunder
+
+    seen = {}
+
+    def benchmark_main(model_name: str = "x", n_layers: int = 1, compile: str = "eager") -> None:
+        seen.update(model_name=model_name, n_layers=n_layers, compile=compile)
+        seen["executors"] = [ex.name for ex in thunder.get_default_executors()]
+
+    fake = types.ModuleType("thunder.benchmarks.benchmark_litgpt")
+    fake.benchmark_main = benchmark_main
+    monkeypatch.setitem(sys.modules, "thunder.benchmarks.benchmark_litgpt", fake)
+    before = thunder.get_default_executors()
+    args = ["--model_name", "Llama-2-7b-hf", "--n_layers", "4", "--compile", "thunder"]
+    assert main(["benchmark-litgpt", *args]) == 0
+    assert seen["model_name"] == "Llama-2-7b-hf" and seen["n_layers"] == 4 and seen["compile"] == "thunder"
+    assert seen["executors"][-1] == "remat" and thunder.get_default_executors() == before
+    assert main(["benchmark-litgpt", "--without-remat", *args]) == 0
+    assert "remat" not in seen["executors"]
+    assert main(["benchmark-litgpt", "--remat-budget", "lots", *args]) == 2
+    assert "error:" in capsys.readouterr().err

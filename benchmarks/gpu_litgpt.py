@@ -1,0 +1,125 @@
+"""GPU benchmark: Thunder's own ``benchmark_litgpt`` (shipped in lightning-thunder 0.2.6), unchanged, with and
+without remat, beside torch.compile (inductor), in one command.
+
+Each mode runs ``python -m remat benchmark-litgpt`` in its own process (the script keeps state per
+process), with the script's own arguments; remat is put in nvFuser's place through the public API
+(``remat.install()``), not a patch:
+
+* ``thunder``: ``--without-remat --compile thunder`` (Thunder as shipped: nvFuser + its rematerialization)
+* ``remat``: ``--compile thunder`` with remat installed
+* ``dynamo_thunder``: ``--without-remat --compile dynamo_thunder`` (ThunderFX)
+* ``dynamo_thunder+remat``: ``--compile dynamo_thunder`` with remat installed
+* ``inductor``: ``--without-remat --compile inductor`` (torch.compile)
+
+On the GPU machine (``--n_layers`` as one command's time allows: Thunder's first call compiles for
+40-100 s at 2-4 layers):
+
+    source .gpu/activate.sh; python benchmarks/gpu_litgpt.py --model_name Llama-2-7b-hf --n_layers 4 --out $OUT
+
+Each mode's metrics (the script's own JSON: ``average_iter_time`` ms, ``memory_used_GB``,
+``tokens_per_sec``) are appended to ``--out/gpu_litgpt.jsonl`` as soon as the mode ends.  Back here,
+``python benchmarks/gpu_litgpt.py --render FILE.jsonl [--write]`` prints the table (and puts it into
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: mode -> (remat installed, the script's --compile)
+MODES = {
+    "thunder": (False, "thunder"),
+    "remat": (True, "thunder"),
+    "dynamo_thunder": (False, "dynamo_thunder"),
+    "dynamo_thunder+remat": (True, "dynamo_thunder"),
+    "inductor": (False, "inductor"),
+}
+
+
+def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> dict:
+    with_remat, compile_mode = MODES[mode]
+    metrics = out / f"metrics_{mode.replace('+', '_')}.json"
+    command = [sys.executable, "-m", "remat", "benchmark-litgpt"]
+    if not with_remat:
+        command.append("--without-remat")
+    command += [*script_args, "--compile", compile_mode, "--return_metrics_as_json", "true", "--json_path", str(metrics)]
+    start = time.perf_counter()
+    record: dict = {"mode": mode, "args": script_args}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        (out / f"log_{mode.replace('+', '_')}.txt").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+        record["returncode"] = done.returncode
+        if done.returncode == 0 and metrics.exists():
+            record.update(json.loads(metrics.read_text()))
+        else:
+            record["error"] = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    except subprocess.TimeoutExpired:
+        record["error"] = [f"timed out after {timeout:.0f} s"]
+    record["wall_seconds"] = time.perf_counter() - start
+    return record
+
+
+def render(records: list[dict]) -> str:
+    args = " ".join(records[0]["args"]) if records else ""
+    lines = [
+        f"Thunder's `benchmark_litgpt` (unchanged), `{args}`; one process per mode, H200.",
+        "",
+        "| mode | iter ms | memory used GB | tokens/s | iter x inductor | memory x inductor |",
+        "|---|---|---|---|---|---|",
+    ]
+    anchor = next((r for r in records if r["mode"] == "inductor" and "average_iter_time" in r), None)
+    for r in records:
+        if "average_iter_time" not in r:
+            lines.append(f"| {r['mode']} | failed: {' '.join(r.get('error', []))[:120]} | | | | |")
+            continue
+        ratio_t = f"{r['average_iter_time'] / anchor['average_iter_time']:.3f}" if anchor else "-"
+        ratio_m = f"{r['memory_used_GB'] / anchor['memory_used_GB']:.3f}" if anchor else "-"
+        tokens = r.get("tokens_per_sec")
+        lines.append(
+            f"| {r['mode']} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | "
+            f"{tokens / 1e3:.1f}k | {ratio_t} | {ratio_m} |" if tokens else
+            f"| {r['mode']} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | - | {ratio_t} | {ratio_m} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="directory for the records and logs")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mode")
+    parser.add_argument("--render", type=Path, help="print the table of a gpu_litgpt.jsonl file")
+    parser.add_argument("--write", action="store_true", help="with --render: put the table into docs/benchmarks.md")
+    args, script_args = parser.parse_known_args()
+    if args.render:
+        records = [json.loads(line) for line in args.render.read_text().splitlines() if line.strip()]
+        markdown = render(records)
+        print(markdown)
+        if args.write:
+            from plan_cpu import write_section
+
+            command = "`source .gpu/activate.sh; python benchmarks/gpu_litgpt.py " + " ".join(records[0]["args"]) + " --out $OUT`"
+            write_section(markdown + f"\n\nCommand: {command}; raw records: `{args.render}`.", marker="gpu_litgpt", heading="Thunder's benchmark_litgpt (measured)")
+        return
+    if args.out is None:
+        parser.error("--out is required to run (or use --render)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r}; choose from {list(MODES)}")
+        record = run_mode(mode, script_args, args.out, args.timeout)
+        with open(args.out / "gpu_litgpt.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(json.dumps({k: v for k, v in record.items() if k != "args"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
