@@ -245,8 +245,7 @@ def run_benchmark_litgpt(args: argparse.Namespace) -> int:
     """Thunder's ``benchmark_litgpt`` as shipped, its arguments passed through; with remat installed as
     Thunder's default fusion executor unless ``--without-remat`` (the script builds its executor list from
     ``thunder.get_default_executors()``, for ``--compile thunder`` and ``dynamo_thunder`` alike)."""
-    import remat.thunder  # noqa: F401  (the compat bridge and the nvfuser alias, before the script imports Thunder)
-
+    # the compat bridge and the nvfuser alias are in place: this module imports remat.thunder
     jsonargparse = require_extra("jsonargparse", "benchmark-litgpt")
     scope = contextlib.nullcontext() if args.without_remat else install(args.remat_budget)
     with scope:

@@ -131,7 +131,8 @@ def _collective_facts(traces) -> tuple[list[tuple[str, tuple[int, ...]]], list[s
     return run, in_regions
 
 
-def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, strategy: str) -> None:
+def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, strategies: tuple[str, ...]) -> None:
+    """Both strategies in one pair of processes: spawning and importing Thunder is most of the time."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     import warnings
@@ -166,7 +167,8 @@ def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, st
             "remat": remat.executors(runtime="torch"),
             "remat_permissive": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(**PERMISSIVE)),
         }
-        for variant, executors in variants.items():
+        for strategy, variant in ((s, v) for s in strategies for v in variants):
+            executors = variants[variant]
             options = {} if executors is None else {"executors": executors}
             model = fsdp(thunder.jit(_model(), **options), device=torch.device("cpu"),
                          sharding_strategy=getattr(FSDPType, strategy))
@@ -188,18 +190,26 @@ def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, st
                     recomputed=[(graph.ops[i].kind, sorted(graph.ops[i].tags)) for i in planned.plan.recomputed_ops],
                     distributed_ops=[(op.kind, sorted(op.tags), op.side_effect, op.fusible) for op in distributed_ops],
                 )
-            result[variant] = facts
+            result[(strategy, variant)] = facts
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
 @needs_gloo
-@pytest.mark.parametrize("strategy", ["ZERO2", "ZERO3"])
-def test_thunder_fsdp_with_remat_matches_thunder(strategy):
-    """``thunder.distributed.fsdp`` with remat's executors: the numbers of Thunder's own executors, and
-    Thunder's collectives, in Thunder's order, none recomputed (module docstring)."""
-    results = _spawn(_thunder_fsdp_worker, strategy)
+def test_thunder_fsdp_with_remat_matches_thunder():
+    """``thunder.distributed.fsdp`` (ZeRO2 and ZeRO3) with remat's executors: the numbers of Thunder's own
+    executors, and Thunder's collectives, in Thunder's order, none recomputed (module docstring)."""
+    spawned = _spawn(_thunder_fsdp_worker, ("ZERO2", "ZERO3"))
+    for strategy in ("ZERO2", "ZERO3"):
+        _check_thunder_fsdp(strategy, spawned)
+
+
+def _check_thunder_fsdp(strategy: str, spawned: list[dict]) -> None:
+    results = [
+        {"eager": r["eager"], **{key[1]: facts for key, facts in r.items() if isinstance(key, tuple) and key[0] == strategy}}
+        for r in spawned
+    ]
     for rank, result in enumerate(results):
         reference = result["thunder"]
         kinds_run = Counter(kind for kind, _ in reference["collectives_run"])
@@ -211,7 +221,7 @@ def test_thunder_fsdp_with_remat_matches_thunder(strategy):
             torch.testing.assert_close(reference["grads"][name], grad, rtol=1e-5, atol=1e-6, msg=lambda m, rank=rank, name=name: f"rank {rank} {name}: {m}")
         for variant in ("remat", "remat_permissive"):
             facts = result[variant]
-            where = f"rank {rank}, {variant}"
+            where = f"{strategy}, rank {rank}, {variant}"
             assert facts["chosen"] == "remat", f"{where}: remat's plan was not kept ({facts['chosen']})"
             # Tight: the same ops on the same CPU (recomputation runs them again); equal bit for bit when measured.
             torch.testing.assert_close(facts["loss"], reference["loss"], rtol=1e-6, atol=1e-8)

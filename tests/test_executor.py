@@ -97,7 +97,7 @@ def test_executors_for_code_you_do_not_own():
     import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
     import thunder
 
-    model = tiny_litgpt(n_layer=2)
+    model = tiny_litgpt()
     idx = torch.randint(0, 128, (1, 8))
     expected_loss, expected_grads = train_step(model, idx)
     executors = remat.executors(runtime="torch")

@@ -52,6 +52,14 @@ class Pipeline:
     fused: object
     result: remat.Result
 
+    @functools.cached_property
+    def thunder_trace(self):
+        """Thunder's own rematerialize of the fused trace, computed here, apart from remat.optimize."""
+        from thunder.core.rematerialization import rematerialize
+
+        with thunder_context():
+            return rematerialize(self.fused)
+
 
 @functools.lru_cache(maxsize=1024)
 def pipeline(program: Program) -> Pipeline:
@@ -141,11 +149,8 @@ def test_saved_bytes_at_most_thunders_rematerialize(case):
     """remat saves no more activation bytes than Thunder's own rematerialize on the same fused trace
     (both measured by the memory model; forward outputs, which the step returns anyway, not counted: remat
     may keep one to recompute a cheaper value from it)."""
-    from thunder.core.rematerialization import rematerialize
-
     p = run(case)
-    with thunder_context():
-        thunder_trace = rematerialize(p.fused)
+    thunder_trace = p.thunder_trace
     ours_trace = p.result.trace if p.result.applied else remat.optimize(p.fused, strict=True, thunder_baseline=False).trace
     ours, theirs = activation_bytes(ours_trace), activation_bytes(thunder_trace)
     if ours < theirs:
@@ -171,11 +176,8 @@ def activation_bytes(trace) -> int:
 def test_never_worse_than_thunder(case):
     """By construction: the trace optimize returns has an estimated peak at most that of Thunder's own
     rematerialize of the same fused trace (computed here on its own) and of the fused trace itself."""
-    from thunder.core.rematerialization import rematerialize
-
     p = run(case)
-    with thunder_context():
-        thunder_trace = rematerialize(p.fused)
+    thunder_trace = p.thunder_trace
     ours = remat.estimate_memory(p.result.trace).peak_bytes
     if random_draws(thunder_trace) != random_draws(p.fused):
         # the documented exception: Thunder's pass reordered stateful random draws (other dropout masks),
