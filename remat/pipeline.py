@@ -211,7 +211,7 @@ def optimize(
     if plan is not None:
         with stage("rewrite") as rewriting:
             try:
-                rewritten = apply_plan(trace, graph, plan)
+                rewritten = apply_plan(trace, graph, plan, layout=plan.layout)  # laid out once, when planned
                 remat_profile = profile_graph(read_trace(rewritten.trace, ops=False, derived_from=graph))
                 rewriting.detail = f"estimated peak {format_bytes(before.peak_bytes)} -> {format_bytes(remat_profile.peak_bytes)}"
             except Exception as exc:  # a rewrite bug must never break the user's training step
@@ -226,7 +226,8 @@ def optimize(
         candidates["remat"] = remat_profile
     thunder_trace, baseline_seconds, notes = None, 0.0, []
     if thunder_baseline:
-        thunder_trace, baseline_seconds, thunder_note = _thunder_baseline(trace)
+        draws_random = any("rng" in op.tags for op in graph.ops)
+        thunder_trace, baseline_seconds, thunder_note = _thunder_baseline(trace, draws_random)
         if thunder_trace is not None:
             candidates["thunder"] = profile_graph(read_trace(thunder_trace, ops=False))
         else:
@@ -286,9 +287,10 @@ def optimize(
     return result
 
 
-def _thunder_baseline(trace: TraceCtx) -> tuple[TraceCtx | None, float, str]:
+def _thunder_baseline(trace: TraceCtx, draws_random: bool) -> tuple[TraceCtx | None, float, str]:
     """Thunder's own ``rematerialize`` of ``trace`` (the plan :func:`optimize` must never be worse than),
-    its time, and why it is missing if it failed (Thunder's pass, not remat's: a note, not a warning)."""
+    its time, and why it is missing if it failed (Thunder's pass, not remat's: a note, not a warning).
+    ``draws_random``: whether the trace holds stateful random ops, whose order Thunder's pass must keep."""
     with stage("thunder baseline"):
         start = time.perf_counter()
         try:
@@ -296,7 +298,7 @@ def _thunder_baseline(trace: TraceCtx) -> tuple[TraceCtx | None, float, str]:
         except Exception as exc:
             logger.info("Thunder's rematerialize failed on this trace: %s: %s", type(exc).__name__, exc)
             return None, time.perf_counter() - start, f"Thunder's rematerialize failed ({type(exc).__name__}: {exc}); not compared"
-        if random_draws(thunder_trace) != random_draws(trace):
+        if draws_random and random_draws(thunder_trace) != random_draws(trace):
             # Thunder's pass may reorder ops inside a region: with stateful RNG (dropout on the CPU) that
             # draws other masks than the input trace would; remat's rewrite keeps the order
             return None, time.perf_counter() - start, "Thunder's rematerialize reorders random draws (other dropout masks); not compared"

@@ -63,13 +63,13 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from remat.core.ir import FusionGraph
-from remat.core.layout import Layout, layout_graph, plan_layout
+from remat.core.layout import layout_graph, plan_layout
 from remat.core.memory import MemoryBudget, MemoryProfile, lifetimes, profile_graph, save_cost
 from remat.core.policies import RecomputePolicy
 from remat.core.views import alias_base
 from remat.errors import GraphError
 from remat.planning.flow import DEFAULT_SOLVER, CutResult, Solver, min_cut
-from remat.planning.plan import Plan, plan_with_layout
+from remat.planning.plan import Plan, plan_from_cut
 from remat.planning.problem import FlowProblem, build_problem
 
 __all__ = [
@@ -139,7 +139,7 @@ class BudgetChoice:
 def plan_memory(graph: FusionGraph, plan: Plan) -> MemoryProfile:
     """Estimated memory of ``graph``'s trace rewritten by ``plan``, without rewriting it: the memory
     model on the units :func:`remat.thunder.rewrite.apply_plan` would produce (tested equal)."""
-    return profile_graph(layout_graph(graph, plan_layout(graph, plan)))
+    return profile_graph(layout_graph(graph, getattr(plan, "layout", None) or plan_layout(graph, plan)))
 
 
 def _peak_weights(graph: FusionGraph, simulated: FusionGraph, plan: Plan, peak_step: int) -> dict[str, float]:
@@ -165,7 +165,6 @@ class _Search:
         self.held = set(graph.forward_outputs)
         self.points: list[ParetoPoint] = []
         self.evaluated: dict[tuple, ParetoPoint] = {}  # every plan evaluated, by what it saves and recomputes
-        self.layouts: dict[tuple, Layout] = {}  # layouts of plans read off cuts, not evaluated yet
         self.position = {op.id: i for i, op in enumerate(graph.ops)}
         self.priceable: frozenset[Hashable] = frozenset()  # ops recomputable at a price (set by a finite, unrestricted solve)
 
@@ -189,8 +188,7 @@ class _Search:
 
     def plan_of(self, problem: FlowProblem, cut: CutResult, start: float) -> tuple[Plan, bytes]:
         """The plan read off ``cut`` (``start``: when solving began, for ``solve_seconds``)."""
-        plan, layout = plan_with_layout(problem, cut, self.recompute)
-        self.layouts[_plan_key(plan)] = layout  # evaluate() reuses it
+        plan = plan_from_cut(problem, cut, self.recompute)
         # the plan's own cost is in true bytes, whatever the weights were
         plan = replace(
             plan,
@@ -203,11 +201,9 @@ class _Search:
         """Add ``plan`` as a point (None if an equal plan was evaluated before), with the weights that
         make its off-peak saved values cheap (for the next peak-aware round)."""
         key = _plan_key(plan)
-        layout = self.layouts.pop(key, None)
         if key in self.evaluated:
             return None
-        if layout is None:
-            layout = plan_layout(self.graph, plan)
+        layout = plan.layout or plan_layout(self.graph, plan)
         simulated = layout_graph(self.graph, layout)
         profile = profile_graph(simulated)
         point = ParetoPoint(profile.peak_bytes, layout.extra_flops, plan, profile.saved_bytes, price, found)

@@ -17,7 +17,7 @@ from remat.core.policies import RecomputePolicy
 from remat.planning.flow import DEFAULT_SOLVER, CutResult, Solver, min_cut
 from remat.planning.problem import FlowProblem, build_problem
 
-__all__ = ["Plan", "plan_from_cut", "plan_with_layout", "plan_graph"]
+__all__ = ["Plan", "plan_from_cut", "plan_graph"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class Plan:
     op counted every time it runs (once per unit it is recomputed for, as
     :func:`remat.core.layout.plan_layout` places it; docs/concepts.md).  ``solver``: the
     min-cut algorithm; ``recompute``: the :class:`~remat.RecomputePolicy` planned with; ``scale``: bytes per
-    unit of the cut (1: exact).
+    unit of the cut (1: exact).  ``layout``: the :class:`~remat.core.layout.Layout` the extra FLOPs were
+    counted on, for the graph the plan was made for (the rewrite and the memory model reuse it instead
+    of laying the plan out again; not part of the plan's value).
     """
 
     saved: tuple[str, ...]
@@ -43,6 +45,7 @@ class Plan:
     solver: str
     recompute: RecomputePolicy = field(default_factory=RecomputePolicy)
     scale: int = 1
+    layout: Layout | None = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -54,13 +57,8 @@ class Plan:
 
 def plan_from_cut(problem: FlowProblem, cut: CutResult, recompute: RecomputePolicy | None = None) -> Plan:
     """Saved values are those whose split edge crosses the cut (``in`` on the source side, ``out`` on
-    the sink side); recomputation follows from them (:func:`remat.core.layout.recompute_closure`)."""
-    return plan_with_layout(problem, cut, recompute)[0]
-
-
-def plan_with_layout(problem: FlowProblem, cut: CutResult, recompute: RecomputePolicy | None = None) -> tuple[Plan, Layout]:
-    """:func:`plan_from_cut` and the plan's :class:`~remat.core.layout.Layout` (which counts its extra
-    FLOPs), for callers that evaluate the plan next and need not lay it out twice."""
+    the sink side); recomputation follows from them (:func:`remat.core.layout.recompute_closure`).  The
+    plan carries its layout (``Plan.layout``), which counts its extra FLOPs."""
     sink_side = cut.sink_side
     saved = [name for name, i in problem.value_index.items() if not sink_side[2 + 2 * i] and sink_side[3 + 2 * i]]
     saved_set = set(saved)
@@ -91,7 +89,7 @@ def plan_with_layout(problem: FlowProblem, cut: CutResult, recompute: RecomputeP
         raise ValueError("plan_from_cut needs the problem's graph (build it with build_problem)")
     # the one count of extra FLOPs: the layout's, where an op recomputed for two units runs twice
     layout = plan_layout(problem.graph, plan)
-    return replace(plan, extra_flops=layout.extra_flops), layout
+    return replace(plan, extra_flops=layout.extra_flops, layout=layout)
 
 
 def plan_graph(

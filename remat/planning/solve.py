@@ -10,7 +10,6 @@ budget), the memory model running on one unit per node.  The returned plan names
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import replace
 
 import networkx as nx
@@ -18,7 +17,7 @@ import networkx as nx
 from remat.core.memory import MemoryBudget
 from remat.core.plain import plain_graph
 from remat.core.policies import RecomputePolicy, check_policy
-from remat.errors import OptimizationWarning
+from remat.errors import warn
 from remat.planning.budget import plan_for_budget
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
 from remat.planning.plan import Plan, plan_graph
@@ -53,15 +52,14 @@ def solve(
     else:
         choice = plan_for_budget(fusion_graph, budget, recompute=recompute, solver=solver)
         if not choice.fits:
-            warnings.warn(
+            warn(
                 f"memory budget {budget} ({choice.budget_bytes} bytes) is not reachable; the smallest estimated "
-                f"peak remat finds is {choice.point.peak_bytes} bytes (using that plan)",
-                OptimizationWarning,
-                stacklevel=2,
+                f"peak remat finds is {choice.point.peak_bytes} bytes (using that plan)"
             )
         plan = choice.plan
     return replace(
         plan,
         recomputed_ops=tuple(node_ids[i] for i in plan.recomputed_ops),
         solve_seconds=time.perf_counter() - start,
+        layout=None,  # laid out on the internal graph's op positions, not on these node ids
     )
