@@ -8,6 +8,9 @@
   recomputed or put into a region, and the executed traces run exactly Thunder's collectives.  (A
   2-layer tiny LitGPT passes the same test, checked by hand: at about a minute per sharding strategy on
   the CPU machine it is too slow for the suite; Thunder's tracing of LitGPT dominates.)
+  The same processes run ZeRO3 with ``RecomputePolicy(regather_parameters=True)``
+  (``test_zero3_regather_parameters_matches_thunder``): parameters are re-gathered in the backward, with
+  Thunder's numbers; the rule and the pricing alone are in tests/test_regather.py.
 * PyTorch FSDP2 (``fully_shard`` per block) under ThunderFX: ``test_fsdp2_thunderfx_with_remat_matches_thunderfx``.
 
 Workers run in spawned processes and hand their results back through files (``torch.save``); the
@@ -166,8 +169,11 @@ def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, st
             "thunder": None,
             "remat": remat.executors(runtime="torch"),
             "remat_permissive": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(**PERMISSIVE)),
+            # ZeRO3's meaning: re-gather parameters in the backward instead of keeping them unsharded
+            "remat_regather": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(regather_parameters=True)),
         }
-        for strategy, variant in ((s, v) for s in strategies for v in variants):
+        runs = [(s, v) for s in strategies for v in variants if v != "remat_regather" or s == "ZERO3"]
+        for strategy, variant in runs:
             executors = variants[variant]
             options = {} if executors is None else {"executors": executors}
             model = fsdp(thunder.jit(_model(), **options), device=torch.device("cpu"),
@@ -189,6 +195,12 @@ def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, st
                     chosen=planned.chosen,
                     recomputed=[(graph.ops[i].kind, sorted(graph.ops[i].tags)) for i in planned.plan.recomputed_ops],
                     distributed_ops=[(op.kind, sorted(op.tags), op.side_effect, op.fusible) for op in distributed_ops],
+                    # each distributed op with the kind of what it reads (a parameter, an activation, a future)
+                    distributed_reads=[
+                        (op.kind, "regather" in op.tags, [graph.tensors[n].kind if n in graph.tensors else None for n in op.inputs])
+                        for op in distributed_ops
+                    ],
+                    saved_bytes=planned.after.saved_bytes,
                 )
             result[(strategy, variant)] = facts
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -196,13 +208,66 @@ def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, st
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def thunder_fsdp_runs() -> list[dict]:
+    """One pair of processes for every ``thunder.distributed.fsdp`` test (spawning and importing Thunder
+    is most of the time): both strategies with Thunder's executors and remat's, and ZeRO3 with
+    ``RecomputePolicy(regather_parameters=True)``; each rank's facts, by rank."""
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("needs torch.distributed with the gloo backend")
+    return _spawn(_thunder_fsdp_worker, ("ZERO2", "ZERO3"))
+
+
 @needs_gloo
-def test_thunder_fsdp_with_remat_matches_thunder():
+def test_thunder_fsdp_with_remat_matches_thunder(thunder_fsdp_runs):
     """``thunder.distributed.fsdp`` (ZeRO2 and ZeRO3) with remat's executors: the numbers of Thunder's own
     executors, and Thunder's collectives, in Thunder's order, none recomputed (module docstring)."""
-    spawned = _spawn(_thunder_fsdp_worker, ("ZERO2", "ZERO3"))
     for strategy in ("ZERO2", "ZERO3"):
-        _check_thunder_fsdp(strategy, spawned)
+        _check_thunder_fsdp(strategy, thunder_fsdp_runs)
+
+
+@needs_gloo
+def test_zero3_regather_parameters_matches_thunder(thunder_fsdp_runs):
+    """ZeRO3 with ``RecomputePolicy(regather_parameters=True)``: remat re-gathers parameters in the
+    backward (all-gather + wait of a parameter's shard, stand-alone, before the first use) instead of
+    keeping them unsharded from the forward.  Loss and gradient shards equal Thunder's; the executed
+    backward issues all-gathers, more than without the switch, none in a region, the same on every rank;
+    the estimated saved bytes drop.  Only all-gathers of parameters and their waits are re-run."""
+    ranks = [{key[1]: facts for key, facts in r.items() if isinstance(key, tuple) and key[0] == "ZERO3"} for r in thunder_fsdp_runs]
+    for rank, result in enumerate(ranks):
+        reference, without, facts = result["thunder"], result["remat"], result["remat_regather"]
+        where = f"ZERO3, rank {rank}, regather_parameters=True"
+        assert facts["chosen"] == "remat", f"{where}: remat's plan was not kept ({facts['chosen']})"
+        torch.testing.assert_close(facts["loss"], reference["loss"], rtol=1e-6, atol=1e-8)
+        assert facts["grads"].keys() == reference["grads"].keys()
+        for name, grad in reference["grads"].items():
+            torch.testing.assert_close(facts["grads"][name], grad, rtol=1e-6, atol=1e-8, msg=lambda m, name=name: f"{where} {name}: {m}")
+        # the op table's rule, on the real trace: exactly the all-gathers of parameters and their waits
+        # are re-gathers; reduce-scatters and their waits are not
+        tagged = [(kind, reads) for kind, regather, reads in facts["distributed_reads"] if regather]
+        assert tagged, f"{where}: no op tagged regather"
+        for kind, regather, reads in facts["distributed_reads"]:
+            if kind == "torch_all_gather_prim_impl":
+                assert regather == (reads == ["param"]), (where, kind, reads)
+            elif kind == "torch_reduce_scatter_prim_impl":
+                assert not regather, (where, kind)
+        # what ran: more all-gathers than without the switch (the backward's re-gathers), all through the
+        # torch executor's operators, none in a region, the same collectives in the same order on every rank
+        gathers = Counter(kind for kind, _ in facts["collectives_run"])["torch_all_gather_prim_impl"]
+        gathers_without = Counter(kind for kind, _ in without["collectives_run"])["torch_all_gather_prim_impl"]
+        assert gathers > gathers_without, (where, gathers, gathers_without)
+        assert facts["collectives_in_regions"] == [], where
+        assert facts["collectives_run"] == ranks[0]["remat_regather"]["collectives_run"], where
+        # Thunder's collectives all still run, in Thunder's order; what is added are all-gathers and waits
+        added = _added_to(reference["collectives_run"], facts["collectives_run"])
+        assert added is not None, f"{where}: Thunder's collectives are not all run in Thunder's order"
+        assert added and {kind for kind, _ in added} == {"torch_all_gather_prim_impl", "torch_wait_prim_impl"}, (where, added)
+        recomputed_distributed = [(kind, tags) for kind, tags in facts["recomputed"] if "distributed" in tags]
+        assert recomputed_distributed, f"{where}: nothing re-gathered"
+        assert all("regather" in tags for _, tags in recomputed_distributed), (where, recomputed_distributed)
+        assert {kind for kind, _ in recomputed_distributed} == {"torch_all_gather_prim_impl", "torch_wait_prim_impl"}, where
+        # the estimate: parameters are no longer kept unsharded for the backward
+        assert facts["saved_bytes"] < without["saved_bytes"], (where, facts["saved_bytes"], without["saved_bytes"])
 
 
 def _check_thunder_fsdp(strategy: str, spawned: list[dict]) -> None:
@@ -243,6 +308,18 @@ def _check_thunder_fsdp(strategy: str, spawned: list[dict]) -> None:
             for kind, tags, side_effect, fusible in result[variant]["distributed_ops"]:
                 assert "distributed" in tags and not fusible, (where, kind, tags)
                 assert side_effect or kind not in COLLECTIVE_KINDS, (where, kind, "a collective must always run")
+
+
+def _added_to(base: list, extended: list) -> list | None:
+    """The items of ``extended`` left over once ``base`` is matched in order (a subsequence), or None
+    when ``base`` is not a subsequence of ``extended``."""
+    added, position = [], 0
+    for item in extended:
+        if position < len(base) and item == base[position]:
+            position += 1
+        else:
+            added.append(item)
+    return added if position == len(base) else None
 
 
 # ----------------------------------------------------------------------------- PyTorch FSDP2 + ThunderFX

@@ -10,7 +10,9 @@ rather than keeping a list of its own.
 
 FLOP figures are estimates (documented in docs/memory-model.md): elementwise ops count one FLOP per
 output element, reductions one per input element, matmul-like ops ``2*M*N*K``, attention ``4*B*H*T*S*D``
-forward and twice that backward.  They are used to rank recomputation choices, not to predict time.
+forward and twice that backward; collectives none, but a re-gather (tag ``regather``) is priced at
+:data:`REGATHER_FLOPS_PER_BYTE` FLOP-equivalents per byte it gathers.  They are used to rank
+recomputation choices, not to predict time.
 """
 
 from __future__ import annotations
@@ -49,11 +51,17 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "DISTRIBUTED_BUCKET_KINDS",
     "DISTRIBUTED_KINDS",
+    "ALL_GATHER_KINDS",
+    "WAIT_KINDS",
+    "REGATHER_TAG",
+    "REGATHER_FLOPS_PER_BYTE",
     "TAGS",
     "NEVER_RECOMPUTE_TAGS",
     "is_known_kind",
     "is_attention",
     "op_tags",
+    "regather_tags",
+    "regather_flops",
     "numel",
     "estimate_flops",
 ]
@@ -171,6 +179,23 @@ COLLECTIVE_KINDS = _with_torch_impls(
 DISTRIBUTED_BUCKET_KINDS = _with_torch_impls("pack unpack update_bucket_view stash_grad_for_fsdp pack_for_fsdp unpack_for_fsdp")
 _STATEFUL_BUCKET_KINDS = _with_torch_impls("pack unpack update_bucket_view stash_grad_for_fsdp")
 DISTRIBUTED_KINDS = COLLECTIVE_KINDS | DISTRIBUTED_BUCKET_KINDS
+#: The all-gathers (prim and the torch executor's operator) and the waits that complete collectives: what a
+#: re-gather (tag ``regather``, :func:`regather_tags`) is made of.
+ALL_GATHER_KINDS = _with_torch_impls("all_gather")
+WAIT_KINDS = _with_torch_impls("wait")
+#: The tag of a *re-gather*: an all-gather whose input is a graph input (under ``thunder.distributed.fsdp``,
+#: a parameter's shard; its output is the unsharded parameter) and the wait that completes it.  Running
+#: both again in the backward gathers the same parameter again, so recomputing them is sound; every other
+#: distributed op stays never-recomputed.  Whether a policy lets them be recomputed is the policy's
+#: (``RecomputePolicy(regather_parameters=True)``); the tag says only that they are of that shape.
+REGATHER_TAG = "regather"
+#: The FLOP-equivalent price of one byte a re-gather brings in (its gathered tensor's bytes): a re-gather
+#: costs communication, not FLOPs, and the planner prices recomputation in FLOPs.  Approximate: about an
+#: H100/H200's dense bf16 peak (~1e15 FLOP/s) over its NVLink bandwidth one way (~450 GB/s), i.e. the FLOPs
+#: the GPU could run in the time the bytes take to arrive, rounded to a power of two.  Across nodes
+#: (slower links) a byte costs more; overlapped with compute (prefetching, as FSDP does) less.  Used by the
+#: budget search (:mod:`remat.planning.budget`), which prices re-gathers, and counted in ``extra_flops``.
+REGATHER_FLOPS_PER_BYTE = 2048
 
 # ------------------------------------------------------------------------------------------- in place
 # The in-place family: ops that write into an existing buffer (``copy_(src, dst)`` writes ``dst``), keep
@@ -200,7 +225,7 @@ SIDE_EFFECT_KINDS = (
 TAGS = frozenset(
     {
         "matmul", "attention", "reduction", "rng", "rng_stateless", "view", "shape", "in_place", "mutates", "opaque",
-        "no_recompute", "distributed",
+        "no_recompute", "distributed", REGATHER_TAG,
     }
 )
 # Tags that forbid recomputation whatever the RecomputePolicy says (see :func:`op_tags`).
@@ -242,7 +267,8 @@ def op_tags(kind: str, thunder_tags: Iterable[str] = (), *, known: bool | None =
     ``in_place``: the in-place family (:data:`IN_PLACE_KINDS`, or Thunder's ``IN_PLACE`` tag); ``mutates``:
     it writes into a buffer it reads (``copy_``, Thunder ``IN_PLACE`` symbols); ``opaque``: a kind remat
     does not know; ``no_recompute``: Thunder's ``DONT_RECOMPUTE_IN_BACKWARD``; ``distributed``: a
-    collective, its wait or a bucketing op around them (:data:`DISTRIBUTED_KINDS`).
+    collective, its wait or a bucketing op around them (:data:`DISTRIBUTED_KINDS`).  ``regather`` depends on
+    an op's inputs, not its kind: the reader adds it (:func:`regather_tags`).
     Ops tagged ``in_place``, ``opaque``, ``no_recompute`` or ``distributed`` (:data:`NEVER_RECOMPUTE_TAGS`)
     are never recomputed and never join a region."""
     return _op_tags(kind, frozenset(thunder_tags), is_known_kind(kind) if known is None else known)
@@ -278,6 +304,29 @@ def _op_tags(kind: str, thunder_tags: frozenset[str], known: bool) -> frozenset[
     return frozenset(tags)
 
 
+def regather_tags(
+    kind: str, tags: frozenset[str], *, reads_graph_input: bool = False, completes_regather: bool = False
+) -> frozenset[str]:
+    """``tags`` with :data:`REGATHER_TAG` added when the op is part of a re-gather: an all-gather
+    (:data:`ALL_GATHER_KINDS`) whose tensor input is a graph input (``reads_graph_input``), or a wait
+    (:data:`WAIT_KINDS`) whose input is the future of such an all-gather (``completes_regather``).  The
+    graph facts are the reader's (:mod:`remat.thunder.read`; plain graphs carry the tag themselves); the
+    rule is this one.  Any other op's tags come back unchanged."""
+    if "distributed" not in tags:
+        return tags
+    if (kind in ALL_GATHER_KINDS and reads_graph_input) or (kind in WAIT_KINDS and completes_regather):
+        return tags | {REGATHER_TAG}
+    return tags
+
+
+def regather_flops(gathered_bytes: int) -> int:
+    """The FLOP-equivalent price of a re-gather bringing in ``gathered_bytes``
+    (:data:`REGATHER_FLOPS_PER_BYTE` each; approximate, see there)."""
+    if isinstance(gathered_bytes, bool) or not isinstance(gathered_bytes, int) or gathered_bytes < 0:
+        raise ValueError(f"gathered_bytes must be a non-negative int, got {gathered_bytes!r}")
+    return gathered_bytes * REGATHER_FLOPS_PER_BYTE
+
+
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
@@ -289,8 +338,13 @@ def estimate_flops(
     output_shapes: Sequence[Sequence[int]],
     *,
     backward: bool = False,
+    gathered_bytes: int = 0,
 ) -> int:
-    """Rough FLOP count of one op from its kind, tags and tensor shapes (see module docstring)."""
+    """Rough FLOP count of one op from its kind, tags and tensor shapes (see module docstring).
+    Distributed ops compute nothing (0), except a re-gather's all-gather, which is priced at the
+    FLOP-equivalent of the ``gathered_bytes`` it brings in (:func:`regather_flops`)."""
+    if "distributed" in tags:
+        return regather_flops(gathered_bytes) if REGATHER_TAG in tags and kind in ALL_GATHER_KINDS else 0
     out_elems = sum(numel(s) for s in output_shapes)
     if "view" in tags or "shape" in tags or kind in INPUT_KINDS or kind in BOOKKEEPING_KINDS:
         return 0

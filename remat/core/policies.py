@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from remat.core.ops import NEVER_RECOMPUTE_TAGS, NVFUSER_FUSIBLE_PRIMS, NVFUSER_MATMUL_PRIMS, is_attention
+from remat.core.ops import NEVER_RECOMPUTE_TAGS, NVFUSER_FUSIBLE_PRIMS, NVFUSER_MATMUL_PRIMS, REGATHER_TAG, is_attention
 
 __all__ = ["RecomputePolicy", "FusionPolicy", "check_policy"]
 
@@ -24,14 +24,25 @@ class RecomputePolicy:
     saving their output is cheap anyway).  ``non_fusible``: allow recomputing ops that cannot join a
     fusion region (they would run as stand-alone kernels in the backward).  Whatever the policy, ops
     tagged ``in_place``, ``opaque``, ``no_recompute`` or ``distributed`` (:func:`remat.core.ops.op_tags`) are never
-    recomputed.  Stateless random ops (``uniform_philox``) are always recomputable: run again, they
-    reproduce the same numbers.
+    recomputed (a re-gather aside, when ``regather_parameters`` asks for it).  Stateless random ops
+    (``uniform_philox``) are always recomputable: run again, they reproduce the same numbers.
 
     ``unsafe_stateful_random``: allow recomputing *stateful* random ops (dropout on CPU, torch's RNG).
     This CHANGES RESULTS: run again in the backward, such an op draws new numbers, so the backward
     differentiates a different mask than the forward used and the gradients are wrong (off by 100% for
     dropout).  For experiments only.  ``random=True``, this switch's old name, raises a ``ValueError``
     saying so: a setting that changes results is only taken under a name that says it does.
+
+    ``regather_parameters``: allow re-gathering parameters in the backward instead of keeping them
+    unsharded from the forward: ZeRO3's meaning, for ``thunder.distributed.fsdp`` traces.  Exactly the ops
+    the op table tags ``regather`` become recomputable (:func:`remat.core.ops.regather_tags`): an all-gather
+    whose input is a graph input (a parameter's shard) and the wait that completes it.  They are re-issued
+    in the backward as stand-alone ops (never in a region), on every rank in the same order.  Every other
+    distributed op (reduce-scatters, all-reduces, bucketing, their waits) stays never-recomputed.  Without
+    a budget the plan saves as few bytes as it can, so it re-gathers every parameter whose gathered
+    value the backward reads (and recomputes what is cheap to make from it); with a memory budget a
+    re-gather is priced at the FLOP-equivalent of the bytes it moves
+    (:data:`remat.core.ops.REGATHER_FLOPS_PER_BYTE`, approximate) and the budget search decides.
     """
 
     matmul: bool = False
@@ -40,9 +51,12 @@ class RecomputePolicy:
     random: bool = False
     non_fusible: bool = False
     unsafe_stateful_random: bool = False
+    regather_parameters: bool = False
 
     def __post_init__(self) -> None:
-        for field_name in ("matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random"):
+        for field_name in (
+            "matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random", "regather_parameters"
+        ):
             value = getattr(self, field_name)
             if not isinstance(value, bool):
                 raise TypeError(f"RecomputePolicy.{field_name} must be True or False, got {type(value).__name__} {value!r}")
@@ -56,7 +70,14 @@ class RecomputePolicy:
             )
 
     def allows(self, tags: Iterable[str], fusible: bool = True) -> bool:
+        """Whether an op with these tags (:func:`remat.core.ops.op_tags`) may be recomputed; ``fusible``:
+        whether it can join a fusion region."""
         tags = set(tags)
+        if REGATHER_TAG in tags:
+            # a re-gather (all-gather of a graph input, or its wait): exactly when asked for; it runs
+            # stand-alone in the backward, so ``non_fusible`` does not apply.  "distributed" is the one
+            # never-recompute tag this switch lifts.
+            return self.regather_parameters and not (tags & (NEVER_RECOMPUTE_TAGS - {"distributed"}))
         if tags & NEVER_RECOMPUTE_TAGS:
             return False
         if "matmul" in tags and not self.matmul:

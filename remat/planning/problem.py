@@ -30,7 +30,7 @@ import numpy as np
 
 from remat.core.ir import FORWARD, FusionGraph
 from remat.core.memory import save_cost as value_save_cost
-from remat.core.ops import RETURN_KIND
+from remat.core.ops import ALL_GATHER_KINDS, REGATHER_TAG, RETURN_KIND
 from remat.core.policies import RecomputePolicy
 from remat.errors import GraphError
 
@@ -102,6 +102,13 @@ def build_problem(
     peak-aware search makes values that are not alive at the peak cheap to keep).  ``priced_ops`` (op
     ids) restricts pricing to those ops: the others stay pinned (the budget search interpolates between
     frontier plans this way); None prices every op ``priced`` allows.
+
+    Re-gathers (ops tagged ``regather``, :func:`remat.core.ops.regather_tags`) that ``recompute`` allows
+    (``RecomputePolicy(regather_parameters=True)``) are free without ``priced``; with ``priced`` (a budget
+    search) they are priced like the ops ``priced`` allows, at their FLOP-equivalent
+    (:data:`remat.core.ops.REGATHER_FLOPS_PER_BYTE` per gathered byte), so at an infinite price nothing is
+    re-gathered.  The future of a re-gather that may be recomputed is never a saved value (it counts 0
+    bytes but holds the gathered buffer).
     """
     if graph.ops is None:
         raise GraphError("this FusionGraph was read without operations; the solver needs them (remat.read_trace(trace))")
@@ -130,10 +137,15 @@ def build_problem(
             allowed = False
         elif op.recompute is None:
             allowed = policy.allows(op.tags, op.fusible)
+            # A re-gather the policy allows costs communication: free without a price (the plan saves
+            # as few bytes as it can, ZeRO3), priced at its FLOP-equivalent when a budget search prices.
+            regather = allowed and REGATHER_TAG in op.tags
+            if regather and priced is not None:
+                allowed = False
             if (
                 not allowed
                 and priced is not None
-                and priced.allows(op.tags, op.fusible)
+                and (regather or priced.allows(op.tags, op.fusible))
                 and math.isfinite(recompute_price)
                 and (priced_ops is None or op.id in priced_ops)
             ):
@@ -159,7 +171,10 @@ def build_problem(
             producer[name] = op.id
             if not allowed:
                 pinned.add(name)
-            if not op.savable:
+            if not op.savable or (allowed and REGATHER_TAG in op.tags and op.kind in ALL_GATHER_KINDS):
+                # A re-gather's future holds the gathered buffer but counts 0 bytes: saving it instead
+                # of its wait's output would look free.  It is re-issued whole, or its wait's output
+                # (which the memory model counts) is what the cut keeps.
                 unsavable.add(name)
 
     tails: list[int] = []

@@ -34,7 +34,7 @@ from thunder.core.jit_ext import (
     EXT_FLAG_IS_MODULE,
     get_parameter_or_buffer_or_submodule_name_and_root,
 )
-from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy
+from thunder.core.proxies import FutureTensorProxy, NumberProxy, Proxy, ProxyTag, TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, has_tags
 from thunder.core.trace import TraceCtx, TraceTag
@@ -56,16 +56,20 @@ from remat.core.ir import (
 )
 from remat.core.ops import (
     ALIASING_PRIMS,
+    ALL_GATHER_KINDS,
     BOOKKEEPING_KINDS,
     COTANGENT_KIND,
     FUSION_KIND,
     INPUT_KINDS,
     NVFUSER_FUSIBLE_PRIMS,
+    REGATHER_TAG,
     RETURN_KIND,
     SIDE_EFFECT_KINDS,
+    WAIT_KINDS,
     estimate_flops,
     is_known_kind,
     op_tags,
+    regather_tags,
 )
 from remat.core.views import (
     ViewFacts,
@@ -158,8 +162,12 @@ def _symbolic_shape_message(proxy: TensorProxy, shape: Sequence[Any]) -> str:
 
 
 def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
-    """``(shape, dtype name, bytes)`` of a proxy (numbers: ``((), type name, 0)``).  Raises
-    :class:`remat.UnsupportedTraceError` for symbolic shapes."""
+    """``(shape, dtype name, bytes)`` of a proxy (numbers: ``((), type name, 0)``; a collective's future:
+    its tensor's shape and dtype, 0 bytes, since the memory model counts the buffer from its wait).
+    Raises :class:`remat.UnsupportedTraceError` for symbolic shapes."""
+    if isinstance(proxy, FutureTensorProxy):
+        _future_bytes(proxy)  # refuses symbolic shapes
+        return tuple(proxy.shape), _dtype_name(proxy.dtype), 0
     if isinstance(proxy, TensorProxy):
         # ``_shape`` is what the public ``shape`` property returns outside symbolic tracing; reading it
         # directly skips a compile-data lookup per call (this runs for every tensor of every trace).
@@ -172,6 +180,18 @@ def tensor_facts(proxy: Proxy) -> tuple[tuple[int, ...], str, int]:
         dtype = proxy.dtype
         return shape, _dtype_name(dtype), numel * dtype.bytes
     return (), type(proxy).__name__, 0
+
+
+def _future_bytes(proxy: FutureTensorProxy) -> int:
+    """Bytes of the tensor a collective's future will hold (the memory model counts the future itself
+    as 0 bytes: its buffer is counted from its wait)."""
+    shape = tuple(getattr(proxy, "_shape", None) or proxy.shape)
+    if any(type(d) is not int for d in shape):
+        raise UnsupportedTraceError(_symbolic_shape_message(proxy, shape))
+    count = 1
+    for d in shape:
+        count *= d
+    return count * proxy.dtype.bytes
 
 
 def random_draws(trace: TraceCtx) -> list[str]:
@@ -382,6 +402,7 @@ class _Reader:
         self.strides: dict[str, tuple[int, ...]] = {}  # views that are not contiguous in memory
         self.known_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}  # id(region) -> (region, views)
         self.region_views_by_id: dict[int, tuple[BoundSymbol, dict[str, str]]] = {}
+        self.regather_futures: set[str] = set()  # futures of all-gathers tagged ``regather``
         origin = derived_from.origin if derived_from is not None else None
         if isinstance(origin, TraceOrigin):
             self.facts_cache.update(origin.facts)
@@ -400,12 +421,34 @@ class _Reader:
         return cached[0] if cached is not None else _static_shape(proxy)
 
     def register(self, proxy: Proxy, kind: str, unit_index: int | None, node: int | None, phase: str, alias_of=None) -> None:
-        if not isinstance(proxy, (TensorProxy, NumberProxy)):
+        # Futures are values too (0 bytes): the layout must see that a recomputed wait needs its future.
+        if not isinstance(proxy, (TensorProxy, NumberProxy, FutureTensorProxy)):
             return
         shape, dtype, nbytes = self.facts(proxy)
         if isinstance(proxy, NumberProxy):
             kind = "number"
         self.tensors[proxy.name] = TensorInfo(proxy.name, shape, dtype, nbytes, kind, unit_index, node, phase, alias_of)
+
+    def regather_facts(self, bsym: BoundSymbol, kind: str, tags: frozenset[str]) -> tuple[frozenset[str], int]:
+        """The tags of a stand-alone op with ``regather`` added where the op table's rule
+        (:func:`remat.core.ops.regather_tags`) says so, from this graph's facts: an all-gather whose tensor
+        input is a trace input, or the wait reading such an all-gather's future.  Also the bytes that
+        all-gather brings in (its future's tensor: what the FLOP-equivalent price is of), else 0."""
+        if kind in ALL_GATHER_KINDS:
+            sources = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+            source = self.tensors.get(sources[0].name) if len(sources) == 1 else None
+            reads_input = source is not None and source.kind in ("param", "input")
+            tags = regather_tags(kind, tags, reads_graph_input=reads_input)
+            if REGATHER_TAG not in tags:
+                return tags, 0
+            futures = [p for p in bsym.flat_proxy_outs if isinstance(p, FutureTensorProxy)]
+            self.regather_futures.update(p.name for p in futures)
+            return tags, sum(_future_bytes(p) for p in futures)
+        if kind in WAIT_KINDS:
+            futures = [p.name for p in bsym.flat_proxy_args if isinstance(p, FutureTensorProxy)]
+            completes = len(futures) == 1 and futures[0] in self.regather_futures
+            return regather_tags(kind, tags, completes_regather=completes), 0
+        return tags, 0
 
     def _stand_alone_base(self, bsym: BoundSymbol, kind: str, tags: frozenset[str], ins: Sequence[str]) -> str | None:
         if "view" in tags and ins:
@@ -475,6 +518,9 @@ class _Reader:
         for op, (okind, tags, fusible), view in zip(members, member_facts, member_views):
             if (okind in BOOKKEEPING_KINDS or okind == RETURN_KIND) and unit_kind != "return":
                 continue
+            gathered_bytes = 0
+            if unit_kind == "op" and "distributed" in tags:  # collectives are never inside regions
+                tags, gathered_bytes = self.regather_facts(op, okind, tags)
             node_id = len(self.ops)
             arg_proxies = op.flat_proxy_args  # (proxy names are a property: read each once)
             arg_names = [p.name for p in arg_proxies]
@@ -495,7 +541,7 @@ class _Reader:
             in_shapes = [
                 (facts_cache.get(n) or self.facts(p))[0] for p, n in zip(arg_proxies, arg_names) if isinstance(p, TensorProxy)
             ]
-            flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD)
+            flops = estimate_flops(okind, tags, in_shapes, out_shapes, backward=phase == BACKWARD, gathered_bytes=gathered_bytes)
             is_input = unit_kind == "input"
             self.ops.append(
                 Op(

@@ -5,6 +5,14 @@ layout :func:`remat.core.layout.plan_layout` decides (the module docstring there
 Recomputed prims inside a region keep their forward names, as Thunder's own rematerialization does:
 they are internal to the region and invisible to the split.  Changed regions keep the executor (and so
 the runtime) that made them; new recompute regions use the trace's.
+
+Recomputed distributed ops (a re-gather: an all-gather of a parameter's shard and its wait, which only
+``RecomputePolicy(regather_parameters=True)`` allows) never join a region: they are re-issued as the
+stand-alone bound symbols the forward ran (the torch executor's ``torch_all_gather_prim_impl`` and
+``torch_wait_prim_impl``), with fresh output names, right before the backward unit that reads the
+gathered value, and the recomputed prims that read it (and that unit) read the fresh wait output.  The
+order follows the plan layout, which is deterministic, so every rank issues the same collectives in the
+same order.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from thunder.core import prims
-from thunder.core.proxies import Proxy, TensorProxy, variableify
+from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
@@ -101,37 +109,43 @@ def apply_plan(
             continue
         owner = _owner(bsym, executor)
         hoisted = set(edit.hoisted)
+        recompute, issued, swap, reissued = _reissue_collectives(graph, op_bsyms, edit.recompute, new_trace)
+        new_bsyms.extend(issued)
         if edit.action == "rebuild":
             members = [op_bsyms[n] for n in edit.nodes]
             outputs = [name for name in edit.outputs if not _writes(op_bsyms, hoisted, name)]
             inputs, out_proxies = _thunder_region_io(members, outputs)
             new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
         elif edit.action == "recompute_into":
-            members = [op_bsyms[n] for n in edit.recompute] + list(bsym.subsymbols)
+            members = _swapped([op_bsyms[n] for n in recompute] + list(bsym.subsymbols), swap)
             outputs = [p.name for p in bsym.flat_proxy_outs if not _writes(op_bsyms, hoisted, p.name)]
             inputs, out_proxies = _thunder_region_io(members, outputs)
             new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
-            placements[bsym.sym.name] = edit.recompute
+            if recompute:
+                placements[bsym.sym.name] = recompute
         else:  # recompute_before: a new region hands the values out under fresh names (no-op copies)
-            members = [op_bsyms[n] for n in edit.recompute]
+            members = _swapped([op_bsyms[n] for n in recompute], swap)
             proxies = _proxy_map(members)
-            swap: dict = {}
+            reads_swap = dict(swap)  # values a re-issued collective wrote already have fresh names
             copies: list[BoundSymbol] = []
             with tracectx(new_trace):
                 for name in edit.reads:
+                    if name in reissued:
+                        continue
                     original = proxies[name]
                     fresh = TensorProxy(like=original)
                     copies.append(prims.shallow_copy.bind(original, output=fresh))
-                    swap[variableify(original)] = fresh
-            region_members = members + copies
-            inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
-            region = make_region(executor, names.new_name(), region_members, inputs, out_proxies)
-            new_bsyms.append(region)
-            placements[region.sym.name] = edit.recompute
-            recompute_regions += 1
-            new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
+                    reads_swap[variableify(original)] = fresh
+            if copies:
+                region_members = members + copies
+                inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
+                region = make_region(executor, names.new_name(), region_members, inputs, out_proxies)
+                new_bsyms.append(region)
+                placements[region.sym.name] = recompute
+                recompute_regions += 1
+            new_bsyms.append(bsym.from_bsym_swap_proxies(reads_swap, skip_output=True))
             continue
-        new_bsyms.extend(op_bsyms[n] for n in edit.hoisted)
+        new_bsyms.extend(_swapped([op_bsyms[n] for n in edit.hoisted], swap))
         hoisted_count += len(edit.hoisted)
 
     new_trace.bound_symbols = new_bsyms
@@ -142,6 +156,40 @@ def apply_plan(
     )
     notes = [f"{hoisted_count} region outputs that were views of other outputs or inputs now alias them"] if hoisted_count else []
     return RewriteResult(new_trace, layout.extra_flops, recompute_regions, notes, placements)
+
+
+def _reissue_collectives(
+    graph: FusionGraph, op_bsyms: Sequence[BoundSymbol], recompute: Sequence[int], new_trace: TraceCtx
+) -> tuple[tuple[int, ...], list[BoundSymbol], dict, set[str]]:
+    """Split a recomputation into the distributed ops it re-runs (a re-gather) and the rest: the rest's
+    op nodes; the distributed ops as stand-alone bound symbols, in the layout's (forward) order, writing
+    fresh proxies (a future for a future); the map from their forward outputs to those proxies; and the
+    names of those forward outputs.  A backward op writing a forward name would make Thunder's split
+    treat it as forward."""
+    ops = graph.ops
+    collectives = [n for n in recompute if "distributed" in ops[n].tags]
+    if not collectives:
+        return tuple(recompute), [], {}, set()
+    swap: dict = {}
+    names: set[str] = set()
+    issued: list[BoundSymbol] = []
+    with tracectx(new_trace):
+        for n in collectives:
+            bsym = op_bsyms[n]
+            for out in bsym.flat_proxy_outs:
+                fresh = FutureTensorProxy(like=out) if isinstance(out, FutureTensorProxy) else TensorProxy(like=out)
+                swap[variableify(out)] = fresh
+                names.add(out.name)
+            issued.append(bsym.from_bsym_swap_proxies(swap))
+    reissued_nodes = set(collectives)
+    return tuple(n for n in recompute if n not in reissued_nodes), issued, swap, names
+
+
+def _swapped(bsyms: Sequence[BoundSymbol], swap: dict) -> list[BoundSymbol]:
+    """``bsyms`` reading the fresh proxies of ``swap`` (their outputs unchanged)."""
+    if not swap:
+        return list(bsyms)
+    return [b.from_bsym_swap_proxies(swap, skip_output=True) for b in bsyms]
 
 
 def _writes(op_bsyms, nodes: set[int], name: str) -> bool:

@@ -1,0 +1,342 @@
+"""GPU benchmark: memory budgets, remat's against torch.compile's, measured in one process (issue 15).
+
+One bf16 LitGPT model at a setting where activations are most of the peak (default: Llama-2-7b-hf,
+2 layers, batch 4, seq 8192, vocab 512, loss inside the compiled module), trained one step at a time
+with, in one process and on the same weights and batch:
+
+* eager PyTorch (the reference for the gradients) and Thunder's default (nvFuser + its rematerialization);
+* ``remat.jit(module, memory_budget=f)`` for ``f`` in ``--fractions`` (a fraction of remat's *default
+  plan's* estimated peak, docs/api.md) and ``"min"`` (a budget of one byte: the lowest plan remat
+  finds, with the warning that the budget is not reachable);
+* ``torch.compile(module)`` with ``torch._functorch.config.activation_memory_budget = f`` for the same
+  fractions, plus ``--extra-compile-fractions`` (its own low end), each compiled afresh
+  (``torch._dynamo.reset()``, Inductor's and AOTAutograd's caches off so that a budget cannot reuse
+  another budget's partition).
+
+Each mode: peak = ``torch.cuda.max_memory_allocated()`` over the step minus what was allocated at its
+start (weights; gradients are set to None before each step), step time = median of ``--steps`` steps
+after one warm-up, gradients' relative error against eager (bf16).  For remat also its own estimate
+(the memory model's peak of the trace it ran) and the extra FLOPs the plan recomputes.  Modes run in
+the order of the fractions, the two systems alternating, so a run cut short still pairs them.
+
+On the GPU machine (one command; about 6 minutes for the default model):
+
+    source .gpu/activate.sh; python benchmarks/gpu_budget.py --model Llama-2-7b-hf --layers 2 --out $OUT
+
+Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured.  Back here,
+``python benchmarks/gpu_budget.py --render FILE.jsonl [--write]`` prints the table and the checks of
+issue 15 (remat's measured peak monotone in the budget and within 5% of its estimate; every
+torch.compile point dominated by some remat point) and draws peak against step time
+(docs/images/gpu_budget_<model>.png, one line per system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+MIB = 2**20
+RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())
+FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+EXTRA_COMPILE_FRACTIONS = (0.2, 0.0)
+ESTIMATE_TOLERANCE = 0.05  # issue 15: measured peak within 5% of remat's estimate
+
+
+def build(name: str, layers: int, seq: int, batch: int):
+    import torch
+    from gpu_memory import WithLoss
+    from remat.models import litgpt_model
+
+    model, idx = litgpt_model(name, layers, seq, batch=batch, device="cuda")  # bf16, vocab 512, seed 0
+    module = WithLoss(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    targets = torch.randint(0, 512, (batch, seq), device="cuda")
+    return module, params, idx, targets
+
+
+def modes(fractions: tuple[float, ...], extra_compile: tuple[float, ...]) -> list[tuple[str, float | str | None]]:
+    """(system, budget) in measuring order: the anchors, then both systems at each fraction."""
+    order: list[tuple[str, float | str | None]] = [("eager", None), ("thunder", None)]
+    for fraction in fractions:
+        order += [("remat", fraction), ("torch.compile", fraction)]
+    order.append(("remat", "min"))
+    order += [("torch.compile", fraction) for fraction in extra_compile]
+    return order
+
+
+def make(system: str, budget, module):
+    import torch
+
+    import remat
+
+    if system == "eager":
+        return module, None
+    if system == "thunder":
+        import thunder
+
+        return thunder.jit(module), None
+    if system == "remat":
+        jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget)
+        return jitted, remat.executor_of(jitted)
+    if system == "torch.compile":
+        torch._dynamo.reset()
+        return torch.compile(module), None
+    raise ValueError(system)
+
+
+def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads) -> tuple[dict, list]:
+    import torch
+    from gpu_memory import grads_of, relative, step
+
+    record: dict = {}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn, remat_executor = make(system, budget, module)
+        if system == "torch.compile":
+            # the budget is read when the graph is partitioned, i.e. on the first call
+            with torch._functorch.config.patch(activation_memory_budget=float(budget)):
+                step(fn, params, idx, targets)
+        else:
+            step(fn, params, idx, targets)
+    record["first_call_s"] = time.perf_counter() - t0
+    record["warnings"] = sorted({str(w.message)[:300] for w in caught if "remat" in type(w.message).__module__ or "budget" in str(w.message)})
+    grads = grads_of(params)
+    if eager_grads is not None:
+        record["grad_rel_error"] = max(relative(g, e) for g, e in zip(grads, eager_grads) if e is not None)
+    step(fn, params, idx, targets)  # warm-up
+    samples = [step(fn, params, idx, targets) for _ in range(steps)]
+    record["step_ms"] = 1e3 * statistics.median(s[1] for s in samples)
+    record["peak_mib"] = statistics.median(s[2] for s in samples) / MIB
+    record["peak_spread_mib"] = (max(s[2] for s in samples) - min(s[2] for s in samples)) / MIB
+    record["saved_mib"] = statistics.median(s[3] for s in samples) / MIB
+    if remat_executor is not None and remat_executor.last_result is not None:
+        result = remat_executor.last_result
+        record["estimated_peak_mib"] = result.after.peak_bytes / MIB
+        record["estimated_saved_mib"] = result.after.saved_bytes / MIB
+        record["extra_tflop"] = result.extra_flops / 1e12
+        record["step_tflop"] = result.step_flops / 1e12
+        record["chosen"] = result.chosen
+        record["notes"] = result.notes
+    del fn
+    return record, grads
+
+
+def run(args) -> None:
+    import torch
+    import torch._functorch.config
+    import torch._inductor.config
+
+    import remat.thunder  # noqa: F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+
+    for config, name in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
+        if hasattr(config, name):  # a cached partition of another budget must not be reused
+            setattr(config, name, False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "gpu_budget.jsonl"
+    module, params, idx, targets = build(args.model, args.layers, args.seq, args.batch)
+    eager_grads = None
+    started = time.perf_counter()
+    for system, budget in modes(tuple(args.fractions), tuple(args.extra_compile_fractions)):
+        if args.only and f"{system}:{budget}" not in args.only and system not in args.only:
+            continue
+        if time.perf_counter() - started > args.deadline:
+            print(json.dumps(dict(system=system, budget=budget, skipped=f"past --deadline {args.deadline:.0f} s")), flush=True)
+            continue
+        gc.collect()
+        torch.cuda.empty_cache()
+        record = dict(
+            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, system=system, budget=budget,
+            device=torch.cuda.get_device_name(), run=RUN,
+        )
+        try:
+            measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads)
+            record.update(measured)
+            if system == "eager":
+                eager_grads = grads
+        except Exception as exc:  # one broken mode must not lose the others
+            record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        torch._dynamo.reset()
+        print(json.dumps(record), flush=True)
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ render
+def _label(record: dict) -> str:
+    budget = record["budget"]
+    return "-" if budget is None else str(budget)
+
+
+def checks(records: list[dict]) -> list[str]:
+    """Issue 15's GPU targets, each stated with what was measured."""
+    remat_points = [r for r in records if r["system"] == "remat" and "peak_mib" in r]
+    compiled = [r for r in records if r["system"] == "torch.compile" and "peak_mib" in r]
+    lines = []
+    # remat: monotone in the budget (budgets in falling order; "min" last)
+    ordered = sorted(remat_points, key=lambda r: -1.0 if r["budget"] == "min" else -float(r["budget"]))
+    rises = [(a, b) for a, b in zip(ordered, ordered[1:]) if b["peak_mib"] > a["peak_mib"] * 1.001]
+    lines.append(
+        "- remat's measured peak is "
+        + ("**monotone** in the budget" if not rises else "**not monotone**: " + "; ".join(
+            f"{_label(b)} ({b['peak_mib']:.0f} MiB) above {_label(a)} ({a['peak_mib']:.0f} MiB)" for a, b in rises))
+        + f" ({len(ordered)} budgets)."
+    )
+    errors = [(r, r["peak_mib"] / r["estimated_peak_mib"] - 1) for r in remat_points if r.get("estimated_peak_mib")]
+    worst = max(errors, key=lambda item: abs(item[1]), default=None)
+    if worst is not None:
+        outside = [r for r, e in errors if abs(e) > ESTIMATE_TOLERANCE]
+        lines.append(
+            f"- measured against estimated peak: worst {100 * worst[1]:+.2f}% (budget {_label(worst[0])}); "
+            + ("**every point within 5%**." if not outside else f"**{len(outside)} point(s) outside 5%**: " + ", ".join(_label(r) for r in outside) + ".")
+        )
+    # domination: every torch.compile point has a remat point no higher and no slower
+    beaten, unbeaten = [], []
+    for c in compiled:
+        winners = [r for r in remat_points if r["peak_mib"] <= c["peak_mib"] and r["step_ms"] <= c["step_ms"]]
+        (beaten if winners else unbeaten).append((c, winners))
+    lines.append(
+        f"- torch.compile points dominated by a remat point (peak <= and step time <=): **{len(beaten)}/{len(compiled)}**"
+        + (
+            ". Not dominated: " + "; ".join(
+                f"budget {_label(c)} ({c['peak_mib']:.0f} MiB, {c['step_ms']:.1f} ms; remat's nearest in step time "
+                + _nearest(c, remat_points) + ")" for c, _ in unbeaten)
+            if unbeaten else "."
+        )
+    )
+    errors = [r.get("grad_rel_error") for r in records if r.get("grad_rel_error") is not None and r["system"] != "eager"]
+    if errors:
+        lines.append(f"- gradients against eager (bf16, relative norm error): at most {max(errors):.1e} over every mode.")
+    return lines
+
+
+def _nearest(target: dict, points: list[dict]) -> str:
+    below = [r for r in points if r["peak_mib"] <= target["peak_mib"]]
+    if not below:
+        return "none at or below its peak"
+    best = min(below, key=lambda r: r["step_ms"])
+    return f"at or below its peak: budget {_label(best)}, {best['peak_mib']:.0f} MiB, {best['step_ms']:.1f} ms, {best['step_ms'] / target['step_ms']:.3f} x"
+
+
+def latest_group(records: list[dict]) -> list[dict]:
+    latest = max(r.get("run", "") for r in records)
+    return [r for r in records if r.get("run", "") == latest and "skipped" not in r]
+
+
+def render(records: list[dict], image: str | None) -> str:
+    first = records[0]
+    anchors = {r["system"]: r for r in records if r["system"] in ("eager", "thunder") and "peak_mib" in r}
+    default = next((r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
+    lines = [
+        f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
+        f"{first['device']}; one process, run {first['run']} UTC. remat's budget is a fraction of its default plan's "
+        "estimated peak; torch.compile's is `activation_memory_budget` (a fraction of the saved bytes of its default "
+        "partition). Peak = max allocated during the step minus allocated at its start (the weights).",
+        "",
+        "| system | budget | peak MiB | x remat default | step ms | x torch.compile 1.0 | remat's estimate MiB | measured / estimate | extra TFLOP (estimated) | grad rel. error | first call s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    compiled_default = next((r for r in records if r["system"] == "torch.compile" and r["budget"] == 1.0 and "step_ms" in r), None)
+    order = {"eager": 0, "thunder": 1, "torch.compile": 2, "remat": 3}
+    for r in sorted(records, key=lambda r: (order.get(r["system"], 9), -2.0 if r["budget"] is None else (-1.0 if r["budget"] == "min" else -float(r["budget"])))):
+        if "error" in r:
+            lines.append(f"| {r['system']} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | |")
+            continue
+        x_default = f"{r['peak_mib'] / default['peak_mib']:.3f}" if default else "-"
+        x_compiled = f"{r['step_ms'] / compiled_default['step_ms']:.3f}" if compiled_default else "-"
+        estimate = f"{r['estimated_peak_mib']:.0f}" if r.get("estimated_peak_mib") else "-"
+        ratio = f"{r['peak_mib'] / r['estimated_peak_mib']:.4f}" if r.get("estimated_peak_mib") else "-"
+        extra = f"{r['extra_tflop']:.1f} ({100 * r['extra_tflop'] / r['step_tflop']:.0f}%)" if r.get("extra_tflop") is not None else "-"
+        error = f"{r['grad_rel_error']:.1e}" if r.get("grad_rel_error") is not None else "-"
+        name = f"**{r['system']}**" if r["system"] == "remat" else r["system"]
+        lines.append(
+            f"| {name} | {_label(r)} | {r['peak_mib']:.0f} | {x_default} | {r['step_ms']:.1f} | {x_compiled} | {estimate} | {ratio} | {extra} | {error} | {r['first_call_s']:.0f} |"
+        )
+    lines += ["", "Checks (issue 15's GPU targets):", "", *checks(records)]
+    if anchors.get("thunder") and default:
+        lines.append(f"- Thunder default: {anchors['thunder']['peak_mib']:.0f} MiB, {anchors['thunder']['step_ms']:.1f} ms.")
+    if image:
+        lines += ["", f"![peak against step time]({image})"]
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, style in (("remat", "o-"), ("torch.compile", "s--")):
+        points = sorted((r for r in records if r["system"] == system and "peak_mib" in r), key=lambda r: r["step_ms"])
+        if points:
+            ax.plot([r["step_ms"] for r in points], [r["peak_mib"] / 1024 for r in points], style, label=f"{system} (budgets)")
+            for r in points:
+                ax.annotate(_label(r), (r["step_ms"], r["peak_mib"] / 1024), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for system, marker in (("thunder", "^"), ("eager", "x")):
+        r = next((r for r in records if r["system"] == system and "peak_mib" in r), None)
+        if r:
+            ax.plot([r["step_ms"]], [r["peak_mib"] / 1024], marker, markersize=9, label=f"{system} default")
+    first = records[0]
+    ax.set_xlabel("step time (ms, median)")
+    ax.set_ylabel("peak memory of the step (GiB, measured)")
+    ax.set_title(f"{first['model']} x{first['layers']}, batch {first['batch']}, seq {first['seq']} ({first['device']})", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="Llama-2-7b-hf")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    parser.add_argument("--extra-compile-fractions", type=float, nargs="*", default=list(EXTRA_COMPILE_FRACTIONS))
+    parser.add_argument("--deadline", type=float, default=450.0, help="seconds after which the remaining modes are skipped")
+    parser.add_argument("--only", nargs="*", help="measure only these modes, as system or system:budget (eager:None, torch.compile:0.2, remat:min)")
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--render", help="print the table of a gpu_budget.jsonl instead of measuring")
+    parser.add_argument("--write", action="store_true", help="with --render: put the table and the plot into docs/")
+    args = parser.parse_args()
+    if args.render:
+        all_records = [json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()]
+        sections = []
+        for model in dict.fromkeys(r["model"] for r in all_records):
+            records = latest_group([r for r in all_records if r["model"] == model])
+            image = f"images/gpu_budget_{model}.png"
+            if args.write:
+                plot(records, ROOT / "docs" / image)
+            sections.append(render(records, image if args.write else None))
+        markdown = "\n\n".join(sections)
+        print(markdown)
+        if args.write:
+            from plan_cpu import write_section
+
+            write_section(
+                markdown + "\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_budget.py --model <config> --layers <N> --out $OUT` "
+                f"on the GPU machine; raw records: `{args.render}`; table and plot: `python benchmarks/gpu_budget.py --render {args.render} --write`.",
+                marker="gpu_budget",
+                heading="Memory budgets on the GPU (measured)",
+            )
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
