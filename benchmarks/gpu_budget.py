@@ -230,8 +230,16 @@ def _nearest(target: dict, points: list[dict]) -> str:
 
 
 def latest_group(records: list[dict]) -> list[dict]:
-    latest = max(r.get("run", "") for r in records)
-    return [r for r in records if r.get("run", "") == latest and "skipped" not in r]
+    """Each (system, budget) measured last: a mode re-measured (or measured later because a run was cut
+    short) replaces the older record; ``run`` says which process each row came from."""
+    latest: dict[tuple, dict] = {}
+    for r in records:
+        if "skipped" in r:
+            continue
+        key = (r["system"], str(r["budget"]))
+        if key not in latest or r.get("run", "") >= latest[key].get("run", ""):
+            latest[key] = r
+    return list(latest.values())
 
 
 def render(records: list[dict], image: str | None) -> str:
@@ -240,7 +248,7 @@ def render(records: list[dict], image: str | None) -> str:
     default = next((r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
     lines = [
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
-        f"{first['device']}; one process, run {first['run']} UTC. remat's budget is a fraction of its default plan's "
+        f"{first['device']}; " + _runs(records) + " remat's budget is a fraction of its default plan's "
         "estimated peak; torch.compile's is `activation_memory_budget` (a fraction of the saved bytes of its default "
         "partition). Peak = max allocated during the step minus allocated at its start (the weights).",
         "",
@@ -269,6 +277,13 @@ def render(records: list[dict], image: str | None) -> str:
     if image:
         lines += ["", f"![peak against step time]({image})"]
     return "\n".join(lines)
+
+
+def _runs(records: list[dict]) -> str:
+    runs = sorted({r.get("run", "") for r in records})
+    if len(runs) == 1:
+        return f"all rows from one process (run {runs[0]} UTC)."
+    return "rows from " + str(len(runs)) + " processes on the same machine and model (runs " + ", ".join(runs) + " UTC; each row from the latest run that measured it)."
 
 
 def plot(records: list[dict], path: Path) -> None:

@@ -68,25 +68,35 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
 
 
 def render(records: list[dict]) -> str:
-    args = " ".join(records[0]["args"]) if records else ""
+    """One table per argument list (model, layers), each mode's latest record, ratios to that table's
+    inductor row."""
+    groups: dict[str, dict[str, dict]] = {}
+    for r in records:
+        groups.setdefault(" ".join(r["args"]), {})[r["mode"]] = r  # later records replace earlier ones
+    return "\n\n".join(_table(args, modes) for args, modes in groups.items())
+
+
+def _table(args: str, by_mode: dict[str, dict]) -> str:
     lines = [
         f"Thunder's `benchmark_litgpt` (unchanged), `{args}`; one process per mode, H200.",
         "",
-        "| mode | iter ms | memory used GB | tokens/s | iter x inductor | memory x inductor |",
-        "|---|---|---|---|---|---|",
+        "| mode | iter ms | memory used GB | tokens/s | iter x inductor | memory x inductor | wall s (compile included) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    anchor = next((r for r in records if r["mode"] == "inductor" and "average_iter_time" in r), None)
-    for r in records:
+    anchor = by_mode.get("inductor") if "average_iter_time" in by_mode.get("inductor", {}) else None
+    for mode in MODES:
+        r = by_mode.get(mode)
+        if r is None:
+            continue
         if "average_iter_time" not in r:
-            lines.append(f"| {r['mode']} | failed: {' '.join(r.get('error', []))[:120]} | | | | |")
+            lines.append(f"| {mode} | failed: {' '.join(r.get('error', []))[:120]} | | | | | |")
             continue
         ratio_t = f"{r['average_iter_time'] / anchor['average_iter_time']:.3f}" if anchor else "-"
         ratio_m = f"{r['memory_used_GB'] / anchor['memory_used_GB']:.3f}" if anchor else "-"
-        tokens = r.get("tokens_per_sec")
+        tokens = f"{r['tokens_per_sec'] / 1e3:.1f}k" if r.get("tokens_per_sec") else "-"
+        name = f"**{mode}**" if "remat" in mode else mode
         lines.append(
-            f"| {r['mode']} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | "
-            f"{tokens / 1e3:.1f}k | {ratio_t} | {ratio_m} |" if tokens else
-            f"| {r['mode']} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | - | {ratio_t} | {ratio_m} |"
+            f"| {name} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | {tokens} | {ratio_t} | {ratio_m} | {r.get('wall_seconds', 0):.0f} |"
         )
     return "\n".join(lines)
 
@@ -106,8 +116,13 @@ def main() -> None:
         if args.write:
             from plan_cpu import write_section
 
-            command = "`source .gpu/activate.sh; python benchmarks/gpu_litgpt.py " + " ".join(records[0]["args"]) + " --out $OUT`"
-            write_section(markdown + f"\n\nCommand: {command}; raw records: `{args.render}`.", marker="gpu_litgpt", heading="Thunder's benchmark_litgpt (measured)")
+            command = "`source .gpu/activate.sh; python benchmarks/gpu_litgpt.py <the arguments above> --out $OUT`"
+            write_section(
+                markdown + f"\n\nCommand: {command} (`--modes` picks modes); raw records: `{args.render}`; tables: "
+                f"`python benchmarks/gpu_litgpt.py --render {args.render} --write`.",
+                marker="gpu_litgpt",
+                heading="Thunder's benchmark_litgpt (measured)",
+            )
         return
     if args.out is None:
         parser.error("--out is required to run (or use --render)")

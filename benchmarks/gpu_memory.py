@@ -6,7 +6,9 @@ cuDNN attention where it applies), ``remat-thunder-attention`` (remat's plan wit
 kernels, to separate the two effects), ``remat-transposed-cat`` (the qkv-gradient cat left inside the
 nvFuser region, see ``FusionPolicy.transposed_cat``), ``remat-independent-parts`` (a run of fusible
 ops kept as one region even where it holds independent computations, as Thunder does, see
-``FusionPolicy.independent_parts``) and ``remat-no-linear`` (the default policy spelled out).
+``FusionPolicy.independent_parts``), ``remat-no-linear`` (the default policy spelled out) and
+``remat+cudagraphs`` (remat's trace under Thunder's ``CUDAGraphTransform``, which replays the step's
+kernels as CUDA graphs to remove host overhead; its graphs keep a memory pool of their own).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
@@ -44,7 +46,7 @@ from remat.models import litgpt_model  # noqa: E402
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "torch.compile", "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -80,6 +82,11 @@ def make(mode: str, module: torch.nn.Module):
         return thunder.jit(module, nv_enable_linear=True), None
     if mode == "thunder+linear+matmul":
         return thunder.jit(module, nv_enable_linear=True, nv_enable_matmul=True), None
+    if mode == "remat+cudagraphs":  # issue 18's host-overhead candidate: Thunder's CUDA graph transform over remat's trace
+        from thunder.transforms.cudagraph import CUDAGraphTransform
+
+        jitted = remat.jit(module, transforms=[CUDAGraphTransform()])
+        return jitted, remat.executor_of(jitted)
     if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
         jitted = remat.jit(module, attention="thunder")
         return jitted, remat.executor_of(jitted)

@@ -367,7 +367,8 @@ def pareto(
     max_interpolated: int = MAX_INTERPOLATED,
 ) -> list[ParetoPoint]:
     """The (estimated peak, extra FLOPs) frontier of plans for ``graph``.  The first point is the default
-    plan (what :func:`remat.optimize` uses without a budget); the others have lower peaks, sorted by
+    plan (what :func:`remat.optimize` uses without a budget; with ``regather_parameters=True``, the plan
+    that re-gathers nothing, see :func:`plan_for_budget`); the others have lower peaks, sorted by
     extra FLOPs, each with a lower peak than the one before.  ``max_interpolated`` caps the plans
     evaluated between price vertices (:data:`MAX_INTERPOLATED`; 0: the price sweep alone).  See the
     module docstring for how points are found and what is exact."""
@@ -429,7 +430,11 @@ def plan_for_budget(
     """The cheapest frontier plan whose estimated peak fits ``memory_budget``, or the lowest one (then
     ``fits`` is False).  A fraction is of ``reference_peak``, by default the estimated peak of the
     default plan (the frontier's first point: what remat uses without a budget), so ``1.0`` is the
-    default plan and ``0.7`` asks for 30% less than it.
+    default plan and ``0.7`` asks for 30% less than it.  One exception: with
+    ``RecomputePolicy(regather_parameters=True)`` the frontier's first point is the infinite-price plan,
+    which re-gathers nothing (every gathered parameter kept, as Thunder's ZeRO3 does), while the plan
+    without a budget re-gathers every parameter it can; a budget then trades re-gathers, priced per
+    gathered byte, against memory from the first point.
 
     The frontier is :func:`pareto`'s when its interpolation has at most :data:`MAX_INTERPOLATED` steps
     (a few layers).  On deeper models, instead of evaluating a capped, evenly spread subset, the one

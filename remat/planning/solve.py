@@ -35,7 +35,8 @@ def solve(
     """Plan what a training graph saves and recomputes: one minimum cut over the whole forward.
 
     ``memory_budget`` (see :class:`remat.MemoryBudget`; a fraction is of the estimated peak of the plan
-    ``solve`` returns without a budget) asks for the cheapest plan on the Pareto frontier whose estimated
+    ``solve`` returns without a budget; with ``regather_parameters=True``, of the plan that re-gathers
+    nothing, see :func:`remat.planning.budget.plan_for_budget`) asks for the cheapest plan on the Pareto frontier whose estimated
     peak fits; a warning says when none does, with the smallest estimated peak reachable (that plan is
     returned).  ``recompute``: what may be recomputed;
     ``solver``: the min-cut algorithm (a name from ``remat.planning.flow.ALGORITHMS`` or a function).
