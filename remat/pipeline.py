@@ -64,7 +64,9 @@ class Result:
     trace's (docs/concepts.md, "extra FLOPs": each recomputation counted every time it runs);
     ``step_flops``: FLOPs of the input step.  ``seconds``: remat's own time (reading, planning,
     rewriting); ``baseline_seconds``: Thunder's ``rematerialize``, run for the comparison.
-    ``placements``: region -> recomputed op nodes (empty unless applied).  ``frontier``: with a memory budget, the Pareto frontier the plan was chosen from (see
+    ``placements``: where each recomputation runs (empty unless applied): a region's name -> the op nodes
+    it recomputes, and, for an op re-issued stand-alone (a recomputed matmul, a re-gather; see
+    :mod:`remat.core.layout`), ``"<first output> = <symbol>"`` -> its node.  ``frontier``: with a memory budget, the Pareto frontier the plan was chosen from (see
     :func:`remat.pareto`).
     """
 

@@ -309,7 +309,7 @@ def _markdown(
     if result.placements:
         original_regions = {u.name for u in graph.units if u.kind == "region"}
         lines += [
-            "| region (optimized trace) | new region? | recomputed ops | from forward units | from modules |",
+            "| where (optimized trace) | new region? | recomputed ops | from forward units | from modules |",
             "|---|---|---|---|---|",
         ]
         for region, op_ids in result.placements.items():
@@ -324,7 +324,8 @@ def _markdown(
             source_text = ", ".join(f"{k} ({v})" for k, v in sources.items())
             module_counts = ", ".join(f"{k} ({v})" for k, v in modules.items())
             link = f"[{region}](definitions/{written_as[region]})" if region in written_as else region
-            new = "yes" if region not in original_regions else "no"
+            # a re-issued stand-alone op (a recomputed matmul, a re-gather) is keyed "<output> = <symbol>"
+            new = "stand-alone op" if " = " in region else ("yes" if region not in original_regions else "no")
             lines.append(f"| {link} | {new} | {len(op_ids)} | {source_text} | {module_counts} |")
     else:
         lines.append("Nothing is recomputed.")

@@ -18,6 +18,14 @@ The new joint trace is such that
   split treat the region as forward);
 * recomputation is placed per consuming unit, so a recomputed value never lives longer than the unit
   that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``);
+* a recomputation that re-runs ops which *stand alone* in the forward (:func:`stands_alone`: a matmul
+  the fusion policy kept out of regions, an attention kernel, a re-gather's all-gather and wait) runs in
+  *stages* before the unit (:func:`stage_closure`): each stand-alone op is re-issued as a stand-alone op,
+  the fusible ops feeding it run in a new region before it, and only the rest joins the unit as above.
+  A region holding a matmul is segmented by nvFuser, which materializes the matmul's inputs and output
+  between its kernels: the memory model (which treats a region's internals as free) would not see them;
+  staged, it does.  Every value a stage hands to a later stage or to the unit gets a fresh name
+  (as above);
 * a region output that is a view of another output (``reshape(a)`` beside ``a``) or of an input is
   written after the region as a stand-alone view, which costs no memory.
 
@@ -28,17 +36,18 @@ regions are numbered after the largest one (:class:`RegionNames`).
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from remat.core.ir import BACKWARD, FORWARD, FusionGraph, TensorInfo, Unit, split_phases
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
 from remat.core.ops import ALWAYS_VIEW_PRIMS, VIEW_PRIMS
 from remat.core.views import alias_base, region_views
 
 __all__ = [
-    "UnitEdit", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io", "recompute_closure",
-    "RegionNames", "region_name",
+    "UnitEdit", "RecomputeStage", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io",
+    "recompute_closure", "stands_alone", "stage_closure", "RegionNames", "region_name",
 ]
 
 Node = TypeVar("Node", bound=Hashable)
@@ -74,14 +83,28 @@ class PlanLike(Protocol):
 
 
 @dataclass(frozen=True)
+class RecomputeStage:
+    """One stage of a staged recomputation (:func:`stage_closure`), run before the unit it serves:
+    first a new region running the fusible op nodes ``region`` (none: no region) and writing fresh
+    copies of ``exports`` (the values of ``region`` that later stages or the unit read), then the
+    stand-alone op nodes ``ops`` re-issued one by one, each writing fresh copies of its outputs."""
+
+    region: tuple[int, ...]
+    exports: tuple[str, ...]
+    ops: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class UnitEdit:
     """What happens to one unit of the original trace.
 
     ``action``: ``"keep"`` (unchanged), ``"drop"`` (no longer needed), ``"rebuild"`` (a forward region
     reduced to ``nodes`` writing ``outputs``), ``"recompute_into"`` (a backward region that first runs
     the ``recompute`` op nodes), ``"recompute_before"`` (a stand-alone backward op preceded by a new
-    region running ``recompute`` and writing fresh copies of ``reads``).  ``hoisted``: op nodes of the
-    (resulting) region written after it as stand-alone views.
+    region running ``recompute`` and writing fresh copies of the ``reads`` no stage wrote).  ``stages``:
+    for the two recompute actions, what runs before the unit (and before that new region) when the
+    recomputation re-runs stand-alone ops; ``recompute`` is then the rest (:func:`stage_closure`).
+    ``hoisted``: op nodes of the (resulting) region written after it as stand-alone views.
     """
 
     index: int
@@ -91,6 +114,13 @@ class UnitEdit:
     recompute: tuple[int, ...] = ()
     reads: tuple[str, ...] = ()
     hoisted: tuple[int, ...] = ()
+    stages: tuple[RecomputeStage, ...] = ()
+
+    @property
+    def recomputed(self) -> tuple[int, ...]:
+        """Every op node this edit runs again (the stages' and ``recompute``), in node order."""
+        staged = [n for stage in self.stages for n in stage.region + stage.ops]
+        return tuple(sorted(staged + list(self.recompute)))
 
 
 @dataclass(frozen=True)
@@ -118,6 +148,96 @@ def recompute_closure(
                 seen.add(read)
                 stack.append(read)
     return list(chosen)
+
+
+#: Per graph (dropped with it): the op nodes that stand alone, and staged closures already computed.
+_STAGES: weakref.WeakKeyDictionary[FusionGraph, dict] = weakref.WeakKeyDictionary()
+
+#: Tags of ops that may fold into a region in the backward although they stood alone in the forward.
+FOLDABLE_TAGS = frozenset({"view", "shape"})
+
+
+def stands_alone(op: Op) -> bool:
+    """Whether a recomputed op must run again as a stand-alone op, not inside a region: it ran outside
+    every region in the forward (linears and matmuls the fusion policy keeps out, attention kernels,
+    collectives and their waits, other ops no region takes) and is not a view or shape op (those fold
+    into a region as they always did).  The one rule :func:`stage_closure` stages by."""
+    return op.region is None and not op.tags & FOLDABLE_TAGS
+
+
+def stage_closure(
+    graph: FusionGraph, closure: Sequence[int], unit_reads: Iterable[str]
+) -> tuple[tuple[RecomputeStage, ...], tuple[int, ...]]:
+    """Split the recompute closure of one backward unit (op nodes in node order) into stages and the
+    rest, when it holds ops that stand alone (:func:`stands_alone`); ``unit_reads``: the names the unit
+    itself reads.
+
+    A stand-alone op's stage is the number of stand-alone ops on the longest chain of closure ops
+    before it.  A fusible op goes to the pre-region of stage ``d`` when it feeds, through fusible ops
+    of the closure, a stand-alone op of stage ``d`` (the lowest ``d`` when several); the other fusible
+    ops are the rest, placed as an unstaged closure is.  They run in the order stage 0's region, stage
+    0's stand-alone ops, stage 1's region, ..., then the rest with the unit.  A closure without
+    stand-alone ops, and any closure of a plain graph (whose ops record no regions), is not staged:
+    ``((), closure)``."""
+    ops = graph.ops
+    cache = _STAGES.setdefault(graph, {})
+    standing = cache.get("alone")
+    if standing is None:  # once per graph: the budget search lays out dozens of plans of the same graph
+        standing = cache["alone"] = frozenset() if graph.plain else frozenset(n for n, op in enumerate(ops) if stands_alone(op))
+    if standing.isdisjoint(closure):
+        return (), tuple(closure)
+    unit_reads = tuple(unit_reads)
+    key = (tuple(closure), unit_reads)
+    if key in cache:  # the same unit recomputing the same ops in another candidate plan
+        return cache[key]
+    cache[key] = staged = _stage(graph, closure, unit_reads, standing)
+    return staged
+
+
+def _stage(
+    graph: FusionGraph, closure: Sequence[int], unit_reads: tuple[str, ...], standing: frozenset[int]
+) -> tuple[tuple[RecomputeStage, ...], tuple[int, ...]]:
+    ops = graph.ops
+    members = set(closure)
+    alone = {n: n in standing for n in closure}
+    readers: dict[int, list[int]] = {n: [] for n in closure}
+    depth: dict[int, int] = {}  # stand-alone ops on the longest chain before the op
+    for n in closure:  # node order is a topological order
+        before = [p for p in ops[n].input_nodes if p in members]
+        depth[n] = max((depth[p] + alone[p] for p in before), default=0)
+        for p in before:
+            readers[p].append(n)
+    target: dict[int, int | None] = {}  # the lowest stage a fusible op feeds through fusible ops
+    for n in reversed(closure):
+        if alone[n]:
+            continue
+        fed = [depth[r] if alone[r] else target[r] for r in readers[n]]
+        target[n] = min((d for d in fed if d is not None), default=None)
+    last = max(depth[n] for n in closure if alone[n])
+    regions: list[list[int]] = [[] for _ in range(last + 1)]
+    standalone: list[list[int]] = [[] for _ in range(last + 1)]
+    rest: list[int] = []
+    for n in closure:
+        if alone[n]:
+            standalone[depth[n]].append(n)
+        elif target[n] is None:
+            rest.append(n)
+        else:
+            regions[target[n]].append(n)
+    # what each pre-region hands out: its values read by the stages after it, the rest or the unit
+    read_later: set[str] = set(unit_reads)
+    for n in rest:
+        read_later.update(ops[n].inputs)
+    stages: list[RecomputeStage] = []
+    for d in range(last, -1, -1):
+        for n in standalone[d]:
+            read_later.update(ops[n].inputs)
+        written = [o for n in regions[d] for o in ops[n].outputs]
+        exports = tuple(dict.fromkeys(o for o in written if o in read_later))
+        stages.append(RecomputeStage(tuple(regions[d]), exports, tuple(standalone[d])))
+        for n in regions[d]:
+            read_later.update(ops[n].inputs)
+    return tuple(reversed(stages)), tuple(rest)
 
 
 Item = TypeVar("Item")
@@ -148,6 +268,16 @@ def region_io(
 def _op_io(graph: FusionGraph, nodes: Sequence[int], wanted: Collection[str] | None = None) -> tuple[list[str], list[str]]:
     ops = graph.ops
     return region_io(((ops[n].inputs, ops[n].outputs) for n in nodes), wanted)
+
+
+def _inputs_of(graph: FusionGraph, nodes: tuple[int, ...]) -> list[str]:
+    """What a group of op nodes reads and does not write, remembered per graph: the budget search lays
+    out the same recomputations in many candidate plans.  Callers must not change the list."""
+    cache = _STAGES.setdefault(graph, {})
+    key = ("inputs", nodes)
+    if key not in cache:
+        cache[key] = _op_io(graph, nodes)[0]
+    return cache[key]
 
 
 def _closure(graph: FusionGraph, saved: set[str], values: Sequence[str]) -> list[int]:
@@ -277,10 +407,11 @@ def plan_layout(graph: FusionGraph, plan: PlanLike) -> Layout:
             continue
         closure = tuple(_closure(graph, saved, reads))
         extra_flops += sum(ops[n].flops for n in closure)
+        stages, rest = stage_closure(graph, closure, unit.inputs)
         if unit.kind == "region":
-            edits[unit.index] = UnitEdit(unit.index, "recompute_into", recompute=closure)
+            edits[unit.index] = UnitEdit(unit.index, "recompute_into", recompute=rest, stages=stages)
         else:
-            edits[unit.index] = UnitEdit(unit.index, "recompute_before", recompute=closure, reads=reads)
+            edits[unit.index] = UnitEdit(unit.index, "recompute_before", recompute=rest, reads=reads, stages=stages)
 
     # views of region outputs are written after their region
     for index, edit in list(edits.items()):
@@ -293,11 +424,11 @@ def plan_layout(graph: FusionGraph, plan: PlanLike) -> Layout:
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         else:
             nodes, outputs = unit.nodes, unit.outputs
-        inputs, _ = _op_io(graph, nodes)
+        inputs = _inputs_of(graph, tuple(nodes))
         hoisted = _hoistable(graph, nodes, outputs, inputs)
         if hoisted:
             action = "rebuild" if edit.action == "keep" else edit.action
-            edits[index] = UnitEdit(index, action, nodes or unit.nodes, outputs, edit.recompute, edit.reads, hoisted)
+            edits[index] = replace(edit, action=action, nodes=nodes or unit.nodes, outputs=outputs, hoisted=hoisted)
     return Layout(tuple(edits[u.index] for u in graph.units), extra_flops)
 
 
@@ -315,6 +446,16 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     def base_of(name: str) -> str:
         return aliases.get(name) or alias_base(name, tensors)
 
+    def fresh_name(name: str, *, copy: bool) -> str:
+        """A new name for ``name`` written again in the backward: a region's copy (an activation of its
+        own storage) or the output of a re-issued stand-alone op (its kind kept: a number stays one)."""
+        nonlocal fresh_count
+        fresh = f"{name}__recomputed{fresh_count}"
+        fresh_count += 1
+        info = tensors[name]
+        tensors[fresh] = info._replace(name=fresh, alias_of=None, kind="activation" if copy else info.kind)
+        return fresh
+
     for edit in layout.edits:
         unit = graph.units[edit.index]
         if edit.action == "drop":
@@ -326,41 +467,73 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
             continue
+        # staged recomputation first: each value it hands on gets a fresh name (``renamed``)
+        renamed: dict[str, str] = {}
+
+        def renamed_base_of(name: str) -> str:
+            return base_of(renamed.get(name, name))
+
+        for stage in edit.stages:
+            if stage.region:
+                inputs = _inputs_of(graph, stage.region)
+                views = _region_views(graph, stage.region, inputs, (), renamed_base_of)
+                exported = {name: fresh_name(name, copy=True) for name in stage.exports}
+                for name, fresh in exported.items():
+                    if name in views:  # a copy of a view of a region input is an alias of that input (nvFuser)
+                        aliases[fresh] = views[name]
+                rows.append((new_names.new_name(), "region", tuple(renamed.get(n, n) for n in inputs), tuple(exported.values())))
+                row_phases.append(BACKWARD)
+                renamed.update(exported)
+            for n in stage.ops:
+                op = ops[n]
+                inputs = tuple(renamed.get(a, a) for a in op.inputs)
+                written = {name: fresh_name(name, copy=False) for name in op.outputs}
+                tensor_inputs = [a for a in inputs if a in tensors and tensors[a].kind != "number"]
+                for name, fresh in written.items():
+                    if tensors[name].alias_of is not None and tensor_inputs:  # an aliasing op aliases its new input
+                        aliases[fresh] = base_of(tensor_inputs[0])
+                rows.append((graph.units[op.unit].name, "op", inputs, tuple(written.values())))
+                row_phases.append(BACKWARD)
+                renamed.update(written)
         if edit.action == "recompute_before":
-            inputs, _ = _op_io(graph, edit.recompute)
-            views = _region_views(graph, edit.recompute, inputs, (), base_of)
-            fresh: dict[str, str] = {}
+            inputs = _inputs_of(graph, tuple(edit.recompute))
+            views = _region_views(graph, edit.recompute, inputs, (), renamed_base_of)
+            fresh_reads: dict[str, str] = {}
             for name in edit.reads:
-                fresh_name = f"{name}__recomputed{fresh_count}"
-                fresh_count += 1
-                fresh[name] = fresh_name
+                if name in renamed:  # a stage wrote it already
+                    continue
+                fresh = fresh_reads[name] = fresh_name(name, copy=True)
                 # a copy of a view of a region input is written as an alias of that input (nvFuser)
-                tensors[fresh_name] = tensors[name]._replace(name=fresh_name, alias_of=None, kind="activation")
                 if name in views:
-                    aliases[fresh_name] = views[name]
-            rows.append((new_names.new_name(), "region", tuple(inputs), tuple(fresh.values())))
-            swapped = tuple(fresh.get(n, n) for n in unit.inputs)
+                    aliases[fresh] = views[name]
+            if fresh_reads:
+                region_inputs = tuple(renamed.get(n, n) for n in inputs)
+                rows.append((new_names.new_name(), "region", region_inputs, tuple(fresh_reads.values())))
+                row_phases.append(BACKWARD)
+            renamed.update(fresh_reads)
+            swapped = tuple(renamed.get(n, n) for n in unit.inputs)
             rows.append((unit.name, unit.kind, swapped, unit.outputs))
-            row_phases += [BACKWARD, unit.phase]
-            if unit.inputs and unit.inputs[0] in fresh:  # a view of a recomputed value aliases the new copy
+            row_phases.append(unit.phase)
+            if unit.inputs and unit.inputs[0] in renamed:  # a view of a recomputed value aliases the new copy
                 for out in unit.outputs:
                     if tensors.get(out) is not None and tensors[out].alias_of is not None:
-                        aliases[out] = fresh[unit.inputs[0]]
+                        aliases[out] = base_of(renamed[unit.inputs[0]])
             continue
         if edit.action == "rebuild":
             nodes, outputs = edit.nodes, edit.outputs
         else:  # recompute_into
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         hoisted_outputs = {ops[n].outputs[0] for n in edit.hoisted}
-        inputs, _ = _op_io(graph, nodes)
+        inputs = _inputs_of(graph, tuple(nodes))
         region_outputs = tuple(o for o in outputs if o not in hoisted_outputs)
-        views = _region_views(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, base_of)
+        views = _region_views(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, renamed_base_of)
         aliases.update((name, base) for name, base in views.items() if name in region_outputs)
-        rows.append((unit.name, "region", tuple(inputs), region_outputs))
+        rows.append((unit.name, "region", tuple(renamed.get(n, n) for n in inputs), region_outputs))
         row_phases.append(unit.phase)
         for n in edit.hoisted:
             op = ops[n]
             base = next(a for a in op.inputs if a in tensors and tensors[a].kind != "number")
+            base = renamed.get(base, base)
             view = op.outputs[0]
             aliases[view] = aliases.get(base) or alias_base(base, tensors)
             rows.append((op.kind, "op", (base,), (view,)))

@@ -6,13 +6,15 @@ Recomputed prims inside a region keep their forward names, as Thunder's own rema
 they are internal to the region and invisible to the split.  Changed regions keep the executor (and so
 the runtime) that made them; new recompute regions use the trace's.
 
-Recomputed distributed ops (a re-gather: an all-gather of a parameter's shard and its wait, which only
-``RecomputePolicy(regather_parameters=True)`` allows) never join a region: they are re-issued as the
-stand-alone bound symbols the forward ran (the torch executor's ``torch_all_gather_prim_impl`` and
-``torch_wait_prim_impl``), with fresh output names, right before the backward unit that reads the
-gathered value, and the recomputed prims that read it (and that unit) read the fresh wait output.  The
-order follows the plan layout, which is deterministic, so every rank issues the same collectives in the
-same order.
+A recomputation that re-runs ops which stand alone in the forward (the layout's staging rule,
+:func:`remat.core.layout.stands_alone`: a matmul kept out of regions, an attention kernel, a re-gather's
+all-gather and wait) runs in the layout's stages before the unit: each stage's fusible ops in a new region
+writing fresh copies (``shallow_copy``) of what later stages and the unit read, then each stand-alone op
+re-issued as the bound symbol the forward ran (for a re-gather the torch executor's
+``torch_all_gather_prim_impl`` and ``torch_wait_prim_impl``) with fresh output names; every later reader
+reads the fresh names (a backward op writing a forward name would make Thunder's split treat it as
+forward).  The order follows the plan layout, which is deterministic, so every rank issues the same
+collectives in the same order.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ __all__ = ["RewriteResult", "apply_plan"]
 
 @dataclass
 class RewriteResult:
-    """``placements`` maps each region of the new trace that recomputes something to the op nodes (ids
-    in the original graph) it recomputes; ``recompute_regions`` counts the new regions."""
+    """``placements`` says where each recomputed op now runs: it maps each region of the new trace that
+    recomputes something to the op nodes (ids in the original graph) it recomputes, and each re-issued
+    stand-alone op, keyed ``"<its first output> = <symbol>"`` (e.g. ``"t5021 = linear"``), to its own
+    node; ``recompute_regions`` counts the new regions."""
 
     trace: TraceCtx
     extra_flops: int
@@ -109,41 +113,42 @@ def apply_plan(
             continue
         owner = _owner(bsym, executor)
         hoisted = set(edit.hoisted)
-        recompute, issued, swap, reissued = _reissue_collectives(graph, op_bsyms, edit.recompute, new_trace)
-        new_bsyms.extend(issued)
+        # staged recomputation first (pre-regions and re-issued stand-alone ops); ``swap`` maps the forward
+        # proxies they write again to the fresh ones every later reader reads
+        swap: dict = {}
+        for stage in edit.stages:
+            if stage.region:
+                members = _swapped([op_bsyms[n] for n in stage.region], swap)
+                region = _copying_region(executor, names.new_name(), members, stage.exports, swap, new_trace)
+                new_bsyms.append(region)
+                placements[region.sym.name] = stage.region
+                recompute_regions += 1
+            for n in stage.ops:
+                issued = _reissued(op_bsyms[n], swap, new_trace)
+                new_bsyms.append(issued)
+                placements[f"{issued.flat_proxy_outs[0].name} = {issued.sym.name}"] = (n,)
         if edit.action == "rebuild":
             members = [op_bsyms[n] for n in edit.nodes]
             outputs = [name for name in edit.outputs if not _writes(op_bsyms, hoisted, name)]
             inputs, out_proxies = _thunder_region_io(members, outputs)
             new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
         elif edit.action == "recompute_into":
-            members = _swapped([op_bsyms[n] for n in recompute] + list(bsym.subsymbols), swap)
+            members = _swapped([op_bsyms[n] for n in edit.recompute] + list(bsym.subsymbols), swap)
             outputs = [p.name for p in bsym.flat_proxy_outs if not _writes(op_bsyms, hoisted, p.name)]
             inputs, out_proxies = _thunder_region_io(members, outputs)
             new_bsyms.append(make_region(owner, bsym.sym.name, members, inputs, out_proxies))
-            if recompute:
-                placements[bsym.sym.name] = recompute
+            if edit.recompute:
+                placements[bsym.sym.name] = edit.recompute
         else:  # recompute_before: a new region hands the values out under fresh names (no-op copies)
-            members = _swapped([op_bsyms[n] for n in recompute], swap)
-            proxies = _proxy_map(members)
-            reads_swap = dict(swap)  # values a re-issued collective wrote already have fresh names
-            copies: list[BoundSymbol] = []
-            with tracectx(new_trace):
-                for name in edit.reads:
-                    if name in reissued:
-                        continue
-                    original = proxies[name]
-                    fresh = TensorProxy(like=original)
-                    copies.append(prims.shallow_copy.bind(original, output=fresh))
-                    reads_swap[variableify(original)] = fresh
-            if copies:
-                region_members = members + copies
-                inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
-                region = make_region(executor, names.new_name(), region_members, inputs, out_proxies)
+            written_again = {v.proxy.name for v in swap}  # the stages wrote these already
+            copied = [name for name in edit.reads if name not in written_again]
+            if copied:
+                members = _swapped([op_bsyms[n] for n in edit.recompute], swap)
+                region = _copying_region(executor, names.new_name(), members, copied, swap, new_trace)
                 new_bsyms.append(region)
-                placements[region.sym.name] = recompute
+                placements[region.sym.name] = edit.recompute
                 recompute_regions += 1
-            new_bsyms.append(bsym.from_bsym_swap_proxies(reads_swap, skip_output=True))
+            new_bsyms.append(bsym.from_bsym_swap_proxies(swap, skip_output=True))
             continue
         new_bsyms.extend(_swapped([op_bsyms[n] for n in edit.hoisted], swap))
         hoisted_count += len(edit.hoisted)
@@ -158,31 +163,38 @@ def apply_plan(
     return RewriteResult(new_trace, layout.extra_flops, recompute_regions, notes, placements)
 
 
-def _reissue_collectives(
-    graph: FusionGraph, op_bsyms: Sequence[BoundSymbol], recompute: Sequence[int], new_trace: TraceCtx
-) -> tuple[tuple[int, ...], list[BoundSymbol], dict, set[str]]:
-    """Split a recomputation into the distributed ops it re-runs (a re-gather) and the rest: the rest's
-    op nodes; the distributed ops as stand-alone bound symbols, in the layout's (forward) order, writing
-    fresh proxies (a future for a future); the map from their forward outputs to those proxies; and the
-    names of those forward outputs.  A backward op writing a forward name would make Thunder's split
-    treat it as forward."""
-    ops = graph.ops
-    collectives = [n for n in recompute if "distributed" in ops[n].tags]
-    if not collectives:
-        return tuple(recompute), [], {}, set()
-    swap: dict = {}
-    names: set[str] = set()
-    issued: list[BoundSymbol] = []
+def _copying_region(
+    executor: RegionExecutor, name: str, members: list[BoundSymbol], exports: Sequence[str], swap: dict, new_trace: TraceCtx
+) -> BoundSymbol:
+    """A new region running ``members`` and writing a fresh copy (``shallow_copy``, a no-op in nvFuser)
+    of each value named in ``exports``; ``swap`` learns the copies.  A backward region writing a forward
+    name would make Thunder's split treat it as forward."""
+    proxies = _proxy_map(members)
+    copies: list[BoundSymbol] = []
     with tracectx(new_trace):
-        for n in collectives:
-            bsym = op_bsyms[n]
-            for out in bsym.flat_proxy_outs:
-                fresh = FutureTensorProxy(like=out) if isinstance(out, FutureTensorProxy) else TensorProxy(like=out)
-                swap[variableify(out)] = fresh
-                names.add(out.name)
-            issued.append(bsym.from_bsym_swap_proxies(swap))
-    reissued_nodes = set(collectives)
-    return tuple(n for n in recompute if n not in reissued_nodes), issued, swap, names
+        for export in exports:
+            original = proxies[export]
+            fresh = TensorProxy(like=original)
+            copies.append(prims.shallow_copy.bind(original, output=fresh))
+            swap[variableify(original)] = fresh
+    region_members = members + copies
+    inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
+    return make_region(executor, name, region_members, inputs, out_proxies)
+
+
+def _reissued(bsym: BoundSymbol, swap: dict, new_trace: TraceCtx) -> BoundSymbol:
+    """``bsym`` (a forward op that stands alone) issued again: reading the fresh proxies of ``swap`` and
+    writing fresh proxies (a future for a future), which ``swap`` learns."""
+    with tracectx(new_trace):
+        for out in bsym.flat_proxy_outs:
+            if isinstance(out, FutureTensorProxy):
+                fresh = FutureTensorProxy(like=out)
+            elif isinstance(out, TensorProxy):
+                fresh = TensorProxy(like=out)
+            else:  # a number the op returns (e.g. an RNG seed)
+                fresh = out.replace(name=new_trace.make_name())
+            swap[variableify(out)] = fresh
+    return bsym.from_bsym_swap_proxies(swap)
 
 
 def _swapped(bsyms: Sequence[BoundSymbol], swap: dict) -> list[BoundSymbol]:

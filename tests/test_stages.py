@@ -1,0 +1,179 @@
+"""Staged recomputation: ops that stand alone in the forward stay stand-alone when they are recomputed.
+
+Measured on the H200 (Llama-2-7b, 2 layers, seq 8192): at budgets low enough that the plan recomputes
+linears, the layout put each backward region's whole recompute closure into that region, linears
+included; nvFuser then segments the region and materializes the matmul's output between its kernels,
+which the memory model (a region's internals are free) did not see: the measured peak was one MLP fc_1
+output above the estimate per recomputed fc_1.  The layout now stages such a closure
+(:func:`remat.core.layout.stage_closure`), and both consumers of the layout (the memory model through
+``layout_graph``, the rewrite through ``apply_plan``) follow the stages.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import remat
+from conftest import traced
+from remat.core.ir import FORWARD, FusionGraph, Op
+from remat.core.layout import _closure, plan_layout, stage_closure, stands_alone
+from remat.planning.budget import plan_memory
+from remat.planning.plan import plan_graph
+from remat.thunder.execute import example_inputs, execute_joint
+from remat.thunder.rewrite import apply_plan
+
+#: A 2-layer tiny LLaMA whose activations outweigh its weights (as at long sequences on full-width
+#: models), so that the lowest plans of its frontier recompute linears.
+WIDE_LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64)
+
+
+@pytest.fixture(scope="module")
+def fused_wide():
+    """The fused joint trace of :data:`WIDE_LLAMA` on CPU (fp32)."""
+    return remat.fuse(traced(device="cpu", block_size=64, **WIDE_LLAMA))
+
+
+def recomputes_a_matmul(graph: FusionGraph, plan) -> bool:
+    return any("matmul" in graph.ops[n].tags for n in plan.recomputed_ops)
+
+
+def regions_with_matmuls(trace) -> list[str]:
+    return [
+        b.sym.name
+        for b in trace.bound_symbols
+        if b.sym.is_fusion and any(s.sym.name in ("linear", "matmul") for s in b.subsymbols)
+    ]
+
+
+def same_profile(a, b) -> bool:
+    return (a.peak_bytes, a.saved_bytes, [p.live_bytes for p in a.timeline]) == (
+        b.peak_bytes, b.saved_bytes, [p.live_bytes for p in b.timeline]
+    )
+
+
+def test_recomputed_linears_stay_out_of_regions_and_the_estimate_is_the_rewritten_traces(fused_wide):
+    assert not regions_with_matmuls(fused_wide), "the default FusionPolicy keeps linears out of regions"
+    graph = remat.read_trace(fused_wide)
+    points = [p for p in remat.pareto(graph) if recomputes_a_matmul(graph, p.plan)]
+    assert points, "the lowest plans of this model recompute linears"
+    for point in points:
+        layout = plan_layout(graph, point.plan)
+        staged = [n for e in layout.edits for s in e.stages for n in s.ops]
+        assert any("matmul" in graph.ops[n].tags for n in staged)
+        rewritten = apply_plan(fused_wide, graph, point.plan, layout=layout)
+        assert regions_with_matmuls(rewritten.trace) == []
+        # the memory model's estimate of the layout is the estimate of the trace it becomes
+        assert same_profile(plan_memory(graph, point.plan), remat.estimate_memory(rewritten.trace))
+        # every recomputed op is placed once per unit that needs it: in a region, or as itself
+        placed = sorted(n for ops in rewritten.placements.values() for n in ops)
+        assert placed == sorted(n for e in layout.edits for n in e.recomputed)
+        linears = [key for key in rewritten.placements if key.endswith("= linear")]
+        assert linears and all(len(rewritten.placements[key]) == 1 for key in linears)
+        assert rewritten.extra_flops == sum(graph.ops[n].flops for e in layout.edits for n in e.recomputed)
+
+
+def test_staged_recomputation_gives_bit_identical_loss_and_gradients(fused_wide):
+    graph = remat.read_trace(fused_wide)
+    lowest = remat.pareto(graph)[-1]
+    assert recomputes_a_matmul(graph, lowest.plan)
+    inputs = example_inputs(fused_wide, int_high=128, dtype=torch.float32)
+    expected = execute_joint(fused_wide, inputs, seed=1)
+    optimized = apply_plan(fused_wide, graph, lowest.plan).trace
+    got = execute_joint(optimized, inputs, seed=1)
+    assert len(expected.outputs + expected.grads) == len(got.outputs + got.grads)
+    compared = 0
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+        if a is not None:
+            assert torch.equal(a, b)
+            compared += 1
+    assert compared > 1
+
+
+def test_without_stand_alone_ops_in_a_closure_nothing_is_staged(fused_wide):
+    """The default plan recomputes no matmul: its layout places every closure whole, as before staging
+    existed, although its closures hold stand-alone views (views fold into regions)."""
+    graph = remat.read_trace(fused_wide)
+    plan = plan_graph(graph)
+    assert not recomputes_a_matmul(graph, plan)
+    layout = plan_layout(graph, plan)
+    recomputing = [e for e in layout.edits if e.action in ("recompute_into", "recompute_before")]
+    assert recomputing
+    saved = set(plan.saved)
+    recomputed = set(plan.recomputed_values)
+    closures = []
+    for edit in recomputing:
+        unit = graph.units[edit.index]
+        closure = tuple(_closure(graph, saved, [n for n in unit.inputs if n in recomputed]))
+        assert edit.stages == () and edit.recompute == closure and edit.recomputed == closure
+        closures.append(closure)
+    folded_views = [n for c in closures for n in c if graph.ops[n].region is None]
+    assert folded_views and all(not stands_alone(graph.ops[n]) for n in folded_views)
+
+
+# -------------------------------------------------------------------------------------- the staging rule
+def _op(node: int, kind: str, inputs: tuple[str, ...], outputs: tuple[str, ...], producers: dict[str, int], *, region=None, tags=()) -> Op:
+    return Op(
+        id=node, kind=kind, unit=node, region=region, phase=FORWARD, inputs=inputs,
+        input_nodes=tuple(producers.get(name) for name in inputs), outputs=outputs, output_bytes=(4,) * len(outputs),
+        tags=frozenset(tags), fusible=region is not None or "view" in tags,
+    )
+
+
+def staging_graph() -> FusionGraph:
+    """A forward whose recomputation crosses two stand-alone linears and a stand-alone view::
+
+        a = neg(x)          region          (feeds linear b and linear e: stage 0's region)
+        b = linear(a, w)    stand-alone     stage 0
+        c = exp(b)          region          (feeds e through the view d: stage 1's region)
+        d = reshape(c)      stand-alone view, folds into stage 1's region
+        e = linear(d, a)    stand-alone     stage 1 (after b on the chain a -> b -> c -> d -> e)
+        f = sin(e)          region          (feeds no stand-alone op: the rest, with the unit)
+        g = cos(b)          region          (read by the unit only: the rest)
+    """
+    steps = [
+        ("neg", ("x",), ("a",), "nvFusion0", ()),
+        ("linear", ("a", "w"), ("b",), None, ("matmul",)),
+        ("exp", ("b",), ("c",), "nvFusion1", ()),
+        ("reshape", ("c",), ("d",), None, ("view",)),
+        ("linear", ("d", "a"), ("e",), None, ("matmul",)),
+        ("sin", ("e",), ("f",), "nvFusion2", ()),
+        ("cos", ("b",), ("g",), "nvFusion2", ()),
+    ]
+    producers: dict[str, int] = {}
+    ops = []
+    for node, (kind, inputs, outputs, region, tags) in enumerate(steps):
+        ops.append(_op(node, kind, inputs, outputs, producers, region=region, tags=tags))
+        producers.update((name, node) for name in outputs)
+    return FusionGraph((), {}, ops)
+
+
+def test_the_staging_rule_on_a_hand_built_closure():
+    graph = staging_graph()
+    ops = graph.ops
+    assert [stands_alone(op) for op in ops] == [False, True, False, False, True, False, False]
+    stages, rest = stage_closure(graph, range(len(ops)), unit_reads=("f", "g", "b"))
+    assert [s.ops for s in stages] == [(1,), (4,)]  # linear b is stage 0, linear e stage 1
+    assert [s.region for s in stages] == [(0,), (2, 3)]  # a feeds both linears: the lowest stage takes it
+    assert rest == (5, 6)
+    # stage 0's region hands out a (read by both linears); stage 1's hands out d (read by e), not c
+    assert [s.exports for s in stages] == [("a",), ("d",)]
+
+
+def test_a_closure_without_stand_alone_ops_or_of_a_plain_graph_is_not_staged():
+    graph = staging_graph()
+    assert stage_closure(graph, (0, 2, 3), unit_reads=("d",)) == ((), (0, 2, 3))
+    plain = FusionGraph((), {}, graph.ops, save_costs={})  # plain graphs record no regions
+    assert plain.plain
+    assert stage_closure(plain, range(len(graph.ops)), unit_reads=("f",)) == ((), tuple(range(len(graph.ops))))
+
+
+def test_a_stage_without_fusible_ops_has_no_region():
+    graph = staging_graph()
+    # recomputing e from a saved a and b: reshape d and exp c feed e, linear b is not in the closure
+    stages, rest = stage_closure(graph, (2, 3, 4, 5), unit_reads=("f",))
+    assert [(s.region, s.exports, s.ops) for s in stages] == [((2, 3), ("d",), (4,))]
+    assert rest == (5,)
+    stages, rest = stage_closure(graph, (4, 5), unit_reads=("f",))
+    assert [(s.region, s.exports, s.ops) for s in stages] == [((), (), (4,))]
+    assert rest == (5,)
