@@ -150,7 +150,8 @@ def recompute_closure(
     return list(chosen)
 
 
-#: Per graph (dropped with it): the op nodes that stand alone, and staged closures already computed.
+#: Per graph (dropped with it): the op nodes that stand alone, staged closures, region inputs and plan
+#: layouts already computed (the budget search lays out dozens of plans of one graph).
 _STAGES: weakref.WeakKeyDictionary[FusionGraph, dict] = weakref.WeakKeyDictionary()
 
 #: Tags of ops that may fold into a region in the backward although they stood alone in the forward.
@@ -354,12 +355,21 @@ def plan_layout(graph: FusionGraph, plan: PlanLike) -> Layout:
     """Decide, unit by unit, how the trace changes under ``plan`` (see :class:`UnitEdit`)."""
     if graph.ops is None:
         raise ValueError("plan_layout needs a FusionGraph with operations (remat.read_trace(trace))")
+    saved, recomputed = frozenset(plan.saved), frozenset(plan.recomputed_values)
+    # the budget search meets the same plan several times (sweep, peak rounds, interpolation); a layout
+    # depends on nothing else, and is immutable
+    cache = _STAGES.setdefault(graph, {})
+    key = ("layout", saved, recomputed)
+    if key not in cache:
+        cache[key] = _lay_out(graph, saved, recomputed)
+    return cache[key]
+
+
+def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[str]) -> Layout:
     ops = graph.ops
-    saved = set(plan.saved)
-    recomputed = set(plan.recomputed_values)
 
     # forward: keep what the forward, the return and the backward's remaining reads need (reverse sweep)
-    needed: set[str] = saved | set(graph.forward_outputs)
+    needed: set[str] = set(saved) | set(graph.forward_outputs)
     for unit in graph.units:
         if unit.kind == "return":
             needed.update(unit.inputs)
@@ -453,7 +463,10 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         fresh = f"{name}__recomputed{fresh_count}"
         fresh_count += 1
         info = tensors[name]
-        tensors[fresh] = info._replace(name=fresh, alias_of=None, kind="activation" if copy else info.kind)
+        tensors[fresh] = TensorInfo(
+            fresh, info.shape, info.dtype, info.bytes, "activation" if copy else info.kind, info.producer_unit,
+            info.producer_node, info.phase, None,
+        )
         return fresh
 
     for edit in layout.edits:
@@ -560,7 +573,11 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             if info.kind in ("param", "input"):
                 tensors[out] = info._replace(producer_unit=index)
             else:
-                tensors[out] = info._replace(producer_unit=index, phase=phase, alias_of=alias)
+                # built field by field: NamedTuple._replace's generic path was a third of a 32-layer
+                # budget search (one value per row per candidate plan)
+                tensors[out] = TensorInfo(
+                    info.name, info.shape, info.dtype, info.bytes, info.kind, index, info.producer_node, phase, alias
+                )
     return FusionGraph(
         units,
         tensors,

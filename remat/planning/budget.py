@@ -52,7 +52,11 @@ Random ops.  Stateful RNG (``uniform`` off CUDA) is never priced: recomputing it
 (PyTorch issue 190758).  Thunder's stateless ``uniform_philox`` (what :func:`remat.fuse` turns dropout
 into on CUDA) is recomputable at any budget and reproduces the same mask.
 
-Attention kernels are not priced either: remat recomputes inside fusion regions, which cannot hold them.
+Attention kernels are not priced either.  Recomputed ops that stood alone in the forward (priced matmuls)
+run again stand-alone, in stages before the unit that reads them (:func:`remat.core.layout.stage_closure`),
+so the estimate of a plan that recomputes them counts their outputs; attention could be re-issued the same
+way, but pricing it is not done (its backward reads its forward's statistics, which would be recomputed
+too) and not measured.
 """
 
 from __future__ import annotations
