@@ -11,12 +11,14 @@ output above the estimate per recomputed fc_1.  The layout now stages such a clo
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 import remat
 from conftest import traced
-from remat.core.ir import FORWARD, FusionGraph, Op
+from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op
 from remat.core.layout import _closure, plan_layout, stage_closure, stands_alone
 from remat.planning.budget import plan_memory
 from remat.planning.plan import plan_graph
@@ -58,7 +60,7 @@ def test_recomputed_linears_stay_out_of_regions_and_the_estimate_is_the_rewritte
     points = [p for p in remat.pareto(graph) if recomputes_a_matmul(graph, p.plan)]
     assert points, "the lowest plans of this model recompute linears"
     for point in points:
-        layout = plan_layout(graph, point.plan)
+        layout = point.plan.layout  # a plan carries the layout it was estimated with (per unit, or once)
         staged = [n for e in layout.edits for s in e.stages for n in s.ops]
         assert any("matmul" in graph.ops[n].tags for n in staged)
         rewritten = apply_plan(fused_wide, graph, point.plan, layout=layout)
@@ -177,3 +179,80 @@ def test_a_stage_without_fusible_ops_has_no_region():
     stages, rest = stage_closure(graph, (4, 5), unit_reads=("f",))
     assert [(s.region, s.exports, s.ops) for s in stages] == [((), (), (4,))]
     assert rest == (5,)
+
+
+# ------------------------------------------------------------------ a stand-alone op is re-issued once
+def per_unit_closures(graph: FusionGraph, plan) -> list[list[int]]:
+    """The recompute closure of every backward unit reading a recomputed value, each from the saved
+    values alone: what the layout re-ran when it recomputed everything per consuming unit."""
+    saved, recomputed = set(plan.saved), set(plan.recomputed_values)
+    closures = []
+    for unit in graph.units:
+        reads = [name for name in unit.inputs if name in recomputed]
+        if unit.phase == BACKWARD and unit.kind != "return" and reads:
+            closures.append(_closure(graph, saved, reads))
+    return closures
+
+
+def test_a_recomputed_linear_read_by_several_backward_units_is_re_issued_once(fused_wide):
+    """Per consuming unit, the lowest plans re-ran one linear for each backward unit whose closure held
+    it (five times for a layer's attention projection).  It is now re-issued once, for the first such
+    unit, and the later ones read its fresh output, which the memory model keeps alive until then."""
+    graph = remat.read_trace(fused_wide)
+    lowest = [p for p in remat.pareto(graph) if p.found != "per-unit"][-1]
+    closures = per_unit_closures(graph, lowest.plan)
+    needed_by = Counter(n for closure in closures for n in closure)
+    shared_linears = {n for n, count in needed_by.items() if count > 1 and "matmul" in graph.ops[n].tags}
+    assert shared_linears, "the lowest plan of this model needs a linear in several backward units"
+
+    layout = plan_layout(graph, lowest.plan)
+    reissued = Counter(n for e in layout.edits for s in e.stages for n in s.ops)
+    assert shared_linears <= set(reissued) and set(reissued.values()) == {1}
+    rewritten = apply_plan(fused_wide, graph, lowest.plan, layout=layout)
+    # in the rewritten trace: the forward's linears, and each recomputed linear once
+    forward_linears = {b.flat_proxy_outs[0].name for b in fused_wide.bound_symbols if b.sym.name == "linear"}
+    linears_after = [b.flat_proxy_outs[0].name for b in rewritten.trace.bound_symbols if b.sym.name == "linear"]
+    fresh = [name for name in linears_after if name not in forward_linears]
+    assert len(linears_after) == len(forward_linears) + len(fresh)
+    assert len(fresh) == len({n for n in reissued if graph.ops[n].kind == "linear"})
+    # several units read one re-issued output
+    readers = Counter(name for b in rewritten.trace.bound_symbols for name in {p.name for p in b.flat_proxy_args} if name in fresh)
+    assert max(readers.values()) > 1
+    assert same_profile(plan_memory(graph, lowest.plan), remat.estimate_memory(rewritten.trace))
+    # each re-issued op is counted once: fewer extra FLOPs than re-running every closure whole
+    per_unit_flops = sum(graph.ops[n].flops for closure in closures for n in closure)
+    repeats = sum(graph.ops[n].flops * (needed_by[n] - 1) for n in reissued)
+    assert rewritten.extra_flops == lowest.plan.extra_flops == layout.extra_flops
+    assert layout.extra_flops <= per_unit_flops - repeats < per_unit_flops
+
+    inputs = example_inputs(fused_wide, int_high=128, dtype=torch.float32)
+    expected = execute_joint(fused_wide, inputs, seed=1)
+    got = execute_joint(rewritten.trace, inputs, seed=1)
+    compared = [(a, b) for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads) if a is not None]
+    assert len(compared) > 1 and all(torch.equal(a, b) for a, b in compared)
+
+
+def test_the_lowest_plan_is_also_offered_re_issuing_per_unit_when_that_lowers_its_peak(fused_wide):
+    """Re-issuing a stand-alone op once keeps its output alive until its last reader, which can raise the
+    lowest plan's peak; the frontier then also holds that plan laid out per consuming unit (more FLOPs,
+    lower peak), so the lowest reachable peak is never lost.  That plan, applied with its own layout, is
+    exact to its estimate and bit-identical to the unoptimized trace."""
+    graph = remat.read_trace(fused_wide)
+    frontier = remat.pareto(graph)
+    once = [p for p in frontier if p.found != "per-unit"]
+    per_unit = plan_layout(graph, once[-1].plan, reissue_once=False)
+    per_unit_peak = remat.core.memory.profile_graph(remat.core.layout.layout_graph(graph, per_unit)).peak_bytes
+    assert frontier[-1].peak_bytes <= min(once[-1].peak_bytes, per_unit_peak)
+    variants = [p for p in frontier if p.found == "per-unit"]
+    if per_unit_peak < once[-1].peak_bytes:
+        assert variants and variants[-1].peak_bytes == per_unit_peak
+    for point in variants:  # applied with the layout it was estimated with
+        assert point.plan.layout is not None and point.extra_flops == point.plan.layout.extra_flops
+        rewritten = apply_plan(fused_wide, graph, point.plan, layout=point.plan.layout)
+        assert same_profile(plan_memory(graph, point.plan), remat.estimate_memory(rewritten.trace))
+        assert rewritten.trace.bound_symbols  # the trace was built
+        inputs = example_inputs(fused_wide, int_high=128, dtype=torch.float32)
+        expected = execute_joint(fused_wide, inputs, seed=1)
+        got = execute_joint(rewritten.trace, inputs, seed=1)
+        compared = [(a, b) for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads) if a is not None]
+        assert len(compared) > 1 and all(torch.equal(a, b) for a, b in compared)

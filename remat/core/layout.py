@@ -17,7 +17,10 @@ The new joint trace is such that
   it, whose outputs carry fresh names (a region output reusing a forward name would make Thunder's
   split treat the region as forward);
 * recomputation is placed per consuming unit, so a recomputed value never lives longer than the unit
-  that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``);
+  that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``),
+  except for ops that stand alone (next point): one is re-issued once, for the first backward unit in
+  layout order whose recomputation needs it, and later units read its fresh outputs (their closures stop
+  there as at a saved value), which then live until their last reader;
 * a recomputation that re-runs ops which *stand alone* in the forward (:func:`stands_alone`: a matmul
   the fusion policy kept out of regions, an attention kernel, a re-gather's all-gather and wait) runs in
   *stages* before the unit (:func:`stage_closure`): each stand-alone op is re-issued as a stand-alone op,
@@ -101,7 +104,8 @@ class UnitEdit:
     ``action``: ``"keep"`` (unchanged), ``"drop"`` (no longer needed), ``"rebuild"`` (a forward region
     reduced to ``nodes`` writing ``outputs``), ``"recompute_into"`` (a backward region that first runs
     the ``recompute`` op nodes), ``"recompute_before"`` (a stand-alone backward op preceded by a new
-    region running ``recompute`` and writing fresh copies of the ``reads`` no stage wrote).  ``stages``:
+    region running ``recompute`` and writing fresh copies of the ``reads`` no stage wrote, of this edit or,
+    for the outputs of re-issued stand-alone ops, of an earlier one).  ``stages``:
     for the two recompute actions, what runs before the unit (and before that new region) when the
     recomputation re-runs stand-alone ops; ``recompute`` is then the rest (:func:`stage_closure`).
     ``hoisted``: op nodes of the (resulting) region written after it as stand-alone views.
@@ -351,21 +355,26 @@ def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str],
     return tuple(hoisted)
 
 
-def plan_layout(graph: FusionGraph, plan: PlanLike) -> Layout:
-    """Decide, unit by unit, how the trace changes under ``plan`` (see :class:`UnitEdit`)."""
+def plan_layout(graph: FusionGraph, plan: PlanLike, *, reissue_once: bool = True) -> Layout:
+    """Decide, unit by unit, how the trace changes under ``plan`` (see :class:`UnitEdit`).
+
+    ``reissue_once``: a recomputed stand-alone op runs once, for the first backward unit that needs it,
+    and its output lives until its last reader (fewer FLOPs); False re-issues it for every unit that
+    needs it, so no output outlives its unit (a lower peak where such outputs would span the peak; the
+    budget search keeps both for the plan with the lowest peak)."""
     if graph.ops is None:
         raise ValueError("plan_layout needs a FusionGraph with operations (remat.read_trace(trace))")
     saved, recomputed = frozenset(plan.saved), frozenset(plan.recomputed_values)
     # the budget search meets the same plan several times (sweep, peak rounds, interpolation); a layout
     # depends on nothing else, and is immutable
     cache = _STAGES.setdefault(graph, {})
-    key = ("layout", saved, recomputed)
+    key = ("layout", saved, recomputed, reissue_once)
     if key not in cache:
-        cache[key] = _lay_out(graph, saved, recomputed)
+        cache[key] = _lay_out(graph, saved, recomputed, reissue_once)
     return cache[key]
 
 
-def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[str]) -> Layout:
+def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[str], reissue_once: bool) -> Layout:
     ops = graph.ops
 
     # forward: keep what the forward, the return and the backward's remaining reads need (reverse sweep)
@@ -406,8 +415,11 @@ def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[st
         else:
             edits[unit.index] = UnitEdit(unit.index, "rebuild", nodes=tuple(kept), outputs=tuple(outputs))
 
-    # backward: bring back what the plan recomputes, per consuming unit
+    # backward: bring back what the plan recomputes, per consuming unit; a stand-alone op only for the
+    # first unit (in layout order) that needs it: its outputs are then ``available`` to later closures,
+    # like saved values, and later units read its fresh outputs (see ``layout_graph``)
     extra_flops = 0
+    available: set[str] = set(saved)
     for unit in graph.units:
         if unit.index in edits:
             continue
@@ -415,9 +427,13 @@ def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[st
         if not reads or unit.kind == "return":
             edits[unit.index] = UnitEdit(unit.index, "keep")
             continue
-        closure = tuple(_closure(graph, saved, reads))
+        if unit.phase != BACKWARD:  # forward units have their edits already; recomputation serves the backward
+            raise AssertionError(f"unit {unit.name} ({unit.phase}) reads recomputed values {list(reads)}")
+        closure = tuple(_closure(graph, available, [name for name in reads if name not in available]))
         extra_flops += sum(ops[n].flops for n in closure)
         stages, rest = stage_closure(graph, closure, unit.inputs)
+        if reissue_once:
+            available.update(o for stage in stages for n in stage.ops for o in ops[n].outputs)
         if unit.kind == "region":
             edits[unit.index] = UnitEdit(unit.index, "recompute_into", recompute=rest, stages=stages)
         else:
@@ -450,6 +466,8 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     rows: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # (name, kind, inputs, outputs)
     row_phases: list[str] = []  # for plain graphs, whose phases are given
     aliases: dict[str, str] = {}
+    # forward name -> fresh name of each output of a re-issued stand-alone op, for every later edit
+    reissued: dict[str, str] = {}
     fresh_count = 0
     new_names = RegionNames(u.name for u in graph.units if u.kind == "region")
 
@@ -480,8 +498,9 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
             continue
-        # staged recomputation first: each value it hands on gets a fresh name (``renamed``)
-        renamed: dict[str, str] = {}
+        # staged recomputation first: each value it hands on gets a fresh name (``renamed``); a recompute
+        # edit also reads the outputs of stand-alone ops earlier edits re-issued under their fresh names
+        renamed: dict[str, str] = dict(reissued) if edit.action in ("recompute_into", "recompute_before") else {}
 
         def renamed_base_of(name: str) -> str:
             return base_of(renamed.get(name, name))
@@ -508,6 +527,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
                 rows.append((graph.units[op.unit].name, "op", inputs, tuple(written.values())))
                 row_phases.append(BACKWARD)
                 renamed.update(written)
+                reissued.update(written)
         if edit.action == "recompute_before":
             inputs = _inputs_of(graph, tuple(edit.recompute))
             views = _region_views(graph, edit.recompute, inputs, (), renamed_base_of)

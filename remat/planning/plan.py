@@ -28,8 +28,8 @@ class Plan:
     the backward (in forward order).  ``recomputed_values``: values the backward reads that it gets by
     recomputation.  ``saved_bytes``: what keeping ``saved`` costs (views of parameters and forward outputs
     cost nothing).  ``extra_flops``: FLOPs the rewritten step runs beyond the original, each recomputed
-    op counted every time it runs (once per unit it is recomputed for, as
-    :func:`remat.core.layout.plan_layout` places it; docs/concepts.md).  ``solver``: the
+    op counted every time it runs (a fusible prim once per unit it is recomputed for, a stand-alone op
+    such as a matmul once, as :func:`remat.core.layout.plan_layout` places them; docs/concepts.md).  ``solver``: the
     min-cut algorithm; ``recompute``: the :class:`~remat.RecomputePolicy` planned with; ``scale``: bytes per
     unit of the cut (1: exact).  ``layout``: the :class:`~remat.core.layout.Layout` the extra FLOPs were
     counted on, for the graph the plan was made for (the rewrite and the memory model reuse it instead

@@ -13,8 +13,9 @@ writing fresh copies (``shallow_copy``) of what later stages and the unit read, 
 re-issued as the bound symbol the forward ran (for a re-gather the torch executor's
 ``torch_all_gather_prim_impl`` and ``torch_wait_prim_impl``) with fresh output names; every later reader
 reads the fresh names (a backward op writing a forward name would make Thunder's split treat it as
-forward).  The order follows the plan layout, which is deterministic, so every rank issues the same
-collectives in the same order.
+forward).  A stand-alone op is re-issued once, for the first unit that needs it: later edits read its
+fresh outputs too (``reissued``, as the layout's memory model does).  The order follows the plan layout,
+which is deterministic, so every rank issues the same collectives in the same order.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def apply_plan(
     if graph.ops is None or not isinstance(origin, TraceOrigin) or origin.op_bsyms is None:
         raise ValueError("apply_plan needs a FusionGraph read from a trace with its operations (remat.read_trace)")
     executor = executor or _trace_executor(trace) or default_region_executor()
-    layout = layout or plan_layout(graph, plan)
+    layout = layout or getattr(plan, "layout", None) or plan_layout(graph, plan)
     edit_of = {id(origin.unit_bsyms[e.index]): e for e in layout.edits}
     op_bsyms = origin.op_bsyms
     new_trace = from_trace(trace)
@@ -103,6 +104,9 @@ def apply_plan(
     recompute_regions = 0
     hoisted_count = 0
     placements: dict[str, tuple[int, ...]] = {}
+    # forward proxy -> fresh proxy of each output of a re-issued stand-alone op: the layout re-issues one
+    # for the first unit that needs it, and later recompute edits read its fresh outputs
+    reissued: dict = {}
 
     for bsym in trace.bound_symbols:
         edit = edit_of.get(id(bsym))
@@ -115,7 +119,7 @@ def apply_plan(
         hoisted = set(edit.hoisted)
         # staged recomputation first (pre-regions and re-issued stand-alone ops); ``swap`` maps the forward
         # proxies they write again to the fresh ones every later reader reads
-        swap: dict = {}
+        swap: dict = dict(reissued) if edit.action in ("recompute_into", "recompute_before") else {}
         for stage in edit.stages:
             if stage.region:
                 members = _swapped([op_bsyms[n] for n in stage.region], swap)
@@ -126,6 +130,7 @@ def apply_plan(
             for n in stage.ops:
                 issued = _reissued(op_bsyms[n], swap, new_trace)
                 new_bsyms.append(issued)
+                reissued.update((variableify(out), swap[variableify(out)]) for out in op_bsyms[n].flat_proxy_outs)
                 placements[f"{issued.flat_proxy_outs[0].name} = {issued.sym.name}"] = (n,)
         if edit.action == "rebuild":
             members = [op_bsyms[n] for n in edit.nodes]
