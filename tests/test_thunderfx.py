@@ -80,7 +80,9 @@ class GraphBreakGPT(torch.nn.Module):
 
 class GuardedGPT(torch.nn.Module):
     """A two-block LitGPT model with a data-dependent branch between the blocks (a guard against blow-ups
-    that a training script might carry): dynamo cannot trace the branch and splits the graph there."""
+    that a training script might carry): dynamo cannot trace the branch and splits the graph there.  Its
+    forward repeats GraphBreakGPT's on purpose: with the branch in a method of a shared base class, dynamo
+    splits the frame into three graphs, not two."""
 
     def __init__(self, gpt) -> None:
         super().__init__()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections import ChainMap
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
@@ -156,7 +157,7 @@ def recompute_closure(
 
 #: Per graph (dropped with it): the op nodes that stand alone, staged closures, region inputs and plan
 #: layouts already computed (the budget search lays out dozens of plans of one graph).
-_STAGES: weakref.WeakKeyDictionary[FusionGraph, dict] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[FusionGraph, dict] = weakref.WeakKeyDictionary()
 
 #: Tags of ops that may fold into a region in the backward although they stood alone in the forward.
 FOLDABLE_TAGS = frozenset({"view", "shape"})
@@ -185,7 +186,7 @@ def stage_closure(
     stand-alone ops, and any closure of a plain graph (whose ops record no regions), is not staged:
     ``((), closure)``."""
     ops = graph.ops
-    cache = _STAGES.setdefault(graph, {})
+    cache = _MEMO.setdefault(graph, {})
     standing = cache.get("alone")
     if standing is None:  # once per graph: the budget search lays out dozens of plans of the same graph
         standing = cache["alone"] = frozenset() if graph.plain else frozenset(n for n, op in enumerate(ops) if stands_alone(op))
@@ -278,7 +279,7 @@ def _op_io(graph: FusionGraph, nodes: Sequence[int], wanted: Collection[str] | N
 def _inputs_of(graph: FusionGraph, nodes: tuple[int, ...]) -> list[str]:
     """What a group of op nodes reads and does not write, remembered per graph: the budget search lays
     out the same recomputations in many candidate plans.  Callers must not change the list."""
-    cache = _STAGES.setdefault(graph, {})
+    cache = _MEMO.setdefault(graph, {})
     key = ("inputs", nodes)
     if key not in cache:
         cache[key] = _op_io(graph, nodes)[0]
@@ -367,7 +368,7 @@ def plan_layout(graph: FusionGraph, plan: PlanLike, *, reissue_once: bool = True
     saved, recomputed = frozenset(plan.saved), frozenset(plan.recomputed_values)
     # the budget search meets the same plan several times (sweep, peak rounds, interpolation); a layout
     # depends on nothing else, and is immutable
-    cache = _STAGES.setdefault(graph, {})
+    cache = _MEMO.setdefault(graph, {})
     key = ("layout", saved, recomputed, reissue_once)
     if key not in cache:
         cache[key] = _lay_out(graph, saved, recomputed, reissue_once)
@@ -500,7 +501,8 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             continue
         # staged recomputation first: each value it hands on gets a fresh name (``renamed``); a recompute
         # edit also reads the outputs of stand-alone ops earlier edits re-issued under their fresh names
-        renamed: dict[str, str] = dict(reissued) if edit.action in ("recompute_into", "recompute_before") else {}
+        # (a view of ``reissued``, not a copy: edits are many, and this runs for every plan a budget tries)
+        renamed: ChainMap[str, str] = ChainMap({}, reissued) if edit.action in ("recompute_into", "recompute_before") else ChainMap()
 
         def renamed_base_of(name: str) -> str:
             return base_of(renamed.get(name, name))

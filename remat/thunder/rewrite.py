@@ -20,7 +20,8 @@ which is deterministic, so every rank issues the same collectives in the same or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from thunder.core import prims
@@ -119,7 +120,7 @@ def apply_plan(
         hoisted = set(edit.hoisted)
         # staged recomputation first (pre-regions and re-issued stand-alone ops); ``swap`` maps the forward
         # proxies they write again to the fresh ones every later reader reads
-        swap: dict = dict(reissued) if edit.action in ("recompute_into", "recompute_before") else {}
+        swap: ChainMap = ChainMap({}, reissued) if edit.action in ("recompute_into", "recompute_before") else ChainMap()
         for stage in edit.stages:
             if stage.region:
                 members = _swapped([op_bsyms[n] for n in stage.region], swap)
@@ -169,7 +170,7 @@ def apply_plan(
 
 
 def _copying_region(
-    executor: RegionExecutor, name: str, members: list[BoundSymbol], exports: Sequence[str], swap: dict, new_trace: TraceCtx
+    executor: RegionExecutor, name: str, members: list[BoundSymbol], exports: Sequence[str], swap: MutableMapping, new_trace: TraceCtx
 ) -> BoundSymbol:
     """A new region running ``members`` and writing a fresh copy (``shallow_copy``, a no-op in nvFuser)
     of each value named in ``exports``; ``swap`` learns the copies.  A backward region writing a forward
@@ -187,7 +188,7 @@ def _copying_region(
     return make_region(executor, name, region_members, inputs, out_proxies)
 
 
-def _reissued(bsym: BoundSymbol, swap: dict, new_trace: TraceCtx) -> BoundSymbol:
+def _reissued(bsym: BoundSymbol, swap: MutableMapping, new_trace: TraceCtx) -> BoundSymbol:
     """``bsym`` (a forward op that stands alone) issued again: reading the fresh proxies of ``swap`` and
     writing fresh proxies (a future for a future), which ``swap`` learns."""
     with tracectx(new_trace):
@@ -202,7 +203,7 @@ def _reissued(bsym: BoundSymbol, swap: dict, new_trace: TraceCtx) -> BoundSymbol
     return bsym.from_bsym_swap_proxies(swap)
 
 
-def _swapped(bsyms: Sequence[BoundSymbol], swap: dict) -> list[BoundSymbol]:
+def _swapped(bsyms: Sequence[BoundSymbol], swap: MutableMapping) -> list[BoundSymbol]:
     """``bsyms`` reading the fresh proxies of ``swap`` (their outputs unchanged)."""
     if not swap:
         return list(bsyms)
