@@ -8,7 +8,9 @@ nvFuser region, see ``FusionPolicy.transposed_cat``), ``remat-independent-parts`
 ops kept as one region even where it holds independent computations, as Thunder does, see
 ``FusionPolicy.independent_parts``), ``remat-no-linear`` (the default policy spelled out) and
 ``remat+cudagraphs`` (remat's trace under Thunder's ``CUDAGraphTransform``, which replays the step's
-kernels as CUDA graphs to remove host overhead; its graphs keep a memory pool of their own).
+kernels as CUDA graphs to remove host overhead; its graphs keep a memory pool of their own) and
+``remat-nosplit`` (Thunder's ``thunderfx_disable_split_autograd``: its autograd glue as one
+``torch.autograd.Function`` instead of two, which spares a meta-device ``randn`` each way).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
@@ -46,7 +48,7 @@ from remat.models import litgpt_model  # noqa: E402
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "torch.compile", "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "torch.compile", "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -72,6 +74,10 @@ def build(name: str, layers: int, seq: int, device: str = "cuda"):
 def make(mode: str, module: torch.nn.Module):
     import thunder
 
+    from remat.thunder import nvfuser
+
+    # each mode compiles its regions afresh: a first call must not reuse kernels an earlier mode built
+    nvfuser.clear_shared_definitions()
     if mode == "eager":
         return module, None
     if mode == "torch.compile":
@@ -86,6 +92,9 @@ def make(mode: str, module: torch.nn.Module):
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
         jitted = remat.jit(module, transforms=[CUDAGraphTransform()])
+        return jitted, remat.executor_of(jitted)
+    if mode == "remat-nosplit":  # Thunder's autograd glue in one Function (a meta randn less each way)
+        jitted = remat.jit(module, thunderfx_disable_split_autograd=True)
         return jitted, remat.executor_of(jitted)
     if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
         jitted = remat.jit(module, attention="thunder")
@@ -121,6 +130,13 @@ def step(fn, params, idx, targets):
 
 def grads_of(params):
     return [p.grad.detach().float().clone() if p.grad is not None else None for p in params]
+
+
+def nvfuser_definitions() -> int:
+    """FusionDefinitions built so far in this mode (regions of identical layers share one)."""
+    from remat.thunder import nvfuser
+
+    return nvfuser.shared_definitions()
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -159,6 +175,7 @@ def run(args) -> None:
                 record["regions"] = len(regions)
                 record["nvfuser_fallbacks"] = [b.sym.name for b in regions if getattr(b._call_ctx[b.sym.name], "failed", None)]
                 record["region_backends"] = sorted({type(b._call_ctx[b.sym.name]).__name__ for b in regions})
+                record["distinct_definitions"] = nvfuser_definitions()
                 record["plan_seconds"] = remat_executor.last_seconds
                 record["estimated_peak_mib"] = res.after.peak_bytes / MIB
                 record["estimated_saved_mib"] = res.after.saved_bytes / MIB
@@ -187,8 +204,8 @@ def render(path: str) -> str:
             groups.setdefault(key, {})[r["mode"]] = r
     groups = dict(sorted(groups.items(), key=lambda item: (item[0][1], item[0][0] != "stablecode-completion-alpha-3b", item[0][0])))
     lines = [
-        "| config | layers | mode | step ms | peak MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | loss / grad rel. error vs eager |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | layers | mode | step ms | peak MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | first call s | first call x Thunder | loss / grad rel. error vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, layers, seq), modes in groups.items():
         thunder = modes.get("thunder", {})
@@ -198,7 +215,7 @@ def render(path: str) -> str:
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | |")
+                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | | | |")
                 continue
 
             def ratio(key, base):
@@ -208,7 +225,8 @@ def render(path: str) -> str:
             name = f"**{mode}**" if mode.startswith("remat") else mode
             lines.append(
                 f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {r['saved_mib']:.1f} "
-                f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} | {errors} |"
+                f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} "
+                f"| {r['first_call_s']:.1f} | {ratio('first_call_s', thunder)} | {errors} |"
             )
     notes = []
     for (model, layers, seq), modes in groups.items():
@@ -219,11 +237,19 @@ def render(path: str) -> str:
                     f"- {remat_mode} on {model} x{layers}: {r.get('regions')} regions, nvFuser fallbacks: "
                     f"{r.get('nvfuser_fallbacks') or 'none'}; attention: {', '.join(r.get('attention_ops', [])) or '?'}; "
                     f"plan + fusion {r.get('plan_seconds', 0):.2f} s; estimated peak {r.get('estimated_peak_mib', 0):.1f} MiB, "
-                    f"estimated saved {r.get('estimated_saved_mib', 0):.1f} MiB (memory model); {'; '.join(r.get('notes', []))}"
+                    f"estimated saved {r.get('estimated_saved_mib', 0):.1f} MiB (memory model); "
+                    + (f"{r['distinct_definitions']} distinct nvFuser definitions (regions of identical layers share one); " if "distinct_definitions" in r else "")
+                    + "; ".join(r.get("notes", []))
                 )
     for (model, layers, seq), modes in groups.items():
         run = next(iter(modes.values())).get("run")
         notes.append(f"- {model} x{layers}: all rows from one run, " + (f"started {run} UTC" if run else "an earlier one, with the code before FusionPolicy.transposed_cat (run labels came with it)"))
+    if any("remat+cudagraphs" in modes for modes in groups.values()):
+        notes.append(
+            "- remat+cudagraphs: its peak is not comparable with the other rows: the CUDA graphs' memory pool is "
+            "allocated when the graphs are captured (first call) and stays allocated, so most of the step's "
+            "memory is already counted at step start and not in the peak above it"
+        )
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
     return "\n".join([header, "", *lines, "", *notes])

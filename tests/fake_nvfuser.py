@@ -222,8 +222,13 @@ def version():
 
 
 def install(monkeypatch) -> types.ModuleType:
-    """Make ``import nvfuser_direct`` return this fake for the test's duration."""
+    """Make ``import nvfuser_direct`` return this fake for the test's duration, with remat's shared
+    definitions (built by another test's nvFuser, real or fake) set aside for that time."""
     import sys
+
+    from remat.thunder import nvfuser as emit
+
+    monkeypatch.setattr(emit, "_SHARED", {})
 
     module = types.ModuleType("nvfuser_direct")
     module.DataType = DataType

@@ -182,3 +182,57 @@ def test_a_random_region_never_falls_back_to_torch(monkeypatch):
     callable_ = NvFuserRegionCallable(region, fallback=lambda *args: pytest.fail("fell back to torch"))
     with pytest.raises(remat.RematError, match="uniform_philox"):
         callable_()
+
+
+def test_regions_of_identical_layers_share_one_definition(family_traces, monkeypatch):
+    """Compile time (issue 18): a region whose definition equals another's up to proxy names reuses
+    that region's FusionDefinition, so nvFuser compiles the kernels of identical layers once."""
+    fake_nvfuser.install(monkeypatch)
+    from remat.thunder import nvfuser as emit
+
+    res = remat.optimize(family_traces[LLAMA_2["name"]], strict=True)
+    regions = regions_of(res.trace)
+    keys = [emit.definition_key(region) for region in regions]
+    # the canonical text names no proxy, so regions differ in it only by what they compute
+    for region, key in zip(regions, keys):
+        for proxy in region.args:
+            assert not re.search(rf"\b{re.escape(proxy.name)}\b", key), (region.sym.name, proxy.name)
+    callables = [NvFuserRegionCallable(region, fallback=region._call_ctx[region.sym.name]) for region in regions]
+    for region, callable_ in zip(regions, callables):
+        inputs = random_inputs(region)
+        for a, b in zip(callable_(*inputs), region._call_ctx[region.sym.name](*inputs)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    distinct = len(set(keys))
+    assert emit.shared_definitions() == distinct < len(regions)  # two identical layers: shared
+    for (i, a), (j, b) in [((i, a), (j, b)) for i, a in enumerate(callables) for j, b in enumerate(callables) if i < j]:
+        (fd_a,), (fd_b,) = a.definitions.values(), b.definitions.values()
+        assert (fd_a is fd_b) == (keys[i] == keys[j]), (regions[i].sym.name, regions[j].sym.name)
+    # the readable script still names the proxies
+    assert regions[0].args[0].name in definition_source(regions[0])
+
+
+def test_a_different_layout_or_constant_gets_its_own_definition(monkeypatch):
+    fake_nvfuser.install(monkeypatch)
+    from remat.thunder import nvfuser as emit
+
+    def scaled(factor):
+        def f(x, w):
+            return (torch.tanh(x * factor) * w).sum()
+
+        return f
+
+    x = torch.randn(4, 8)
+    w = torch.randn(8, requires_grad=True)
+
+    def first_region(factor):
+        return regions_of(remat.fuse(remat.training_trace(scaled(factor), x, w)))[0]
+
+    twice, twice_again, thrice = first_region(2.0), first_region(2.0), first_region(3.0)
+    assert emit.definition_key(twice) == emit.definition_key(twice_again)
+    assert emit.definition_key(twice) != emit.definition_key(thrice)  # constants are part of the definition
+    transposed = [((True, True), (0, 1)) if isinstance(p, TensorProxy) and len(p.shape) == 2 else None for p in twice.args]
+    assert emit.definition_key(twice) != emit.definition_key(twice, transposed)  # so is the input layout
+    assert emit.shared_build(twice) is emit.shared_build(twice_again)
+    assert emit.shared_build(thrice) is not emit.shared_build(twice)
+    emit.clear_shared_definitions()
+    assert emit.shared_definitions() == 0

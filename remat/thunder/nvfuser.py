@@ -43,7 +43,11 @@ __all__ = [
     "NvFuserRegionCallable",
     "available",
     "build",
+    "clear_shared_definitions",
+    "definition_key",
     "definition_source",
+    "shared_build",
+    "shared_definitions",
     "supported_kinds",
     "version",
     "MIN_LINEAR_VERSION",
@@ -107,11 +111,14 @@ def _python_literal(value: Any) -> str:
 class _Writer:
     """Accumulates the lines of one definition function."""
 
-    def __init__(self) -> None:
+    def __init__(self, canonical: bool = False) -> None:
         self.lines: list[str] = []
         self.names: dict[str, str] = {}  # proxy name -> python variable in the script
         self.scalars = 0
         self.temps = 0
+        # canonical: variables are numbered in definition order instead of named after the proxies, so
+        # two regions that differ only in proxy names (identical layers) give the same text
+        self.canonical = canonical
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -148,8 +155,9 @@ class _Writer:
         raise EmitError(f"cannot pass {type(x).__name__} {x!r} to an nvFuser op")
 
     def define(self, proxy: Proxy, expression: str) -> None:
-        self.names[proxy.name] = proxy.name
-        self.emit(f"{proxy.name} = {expression}")
+        variable = f"p{len(self.names)}" if self.canonical else proxy.name
+        self.names[proxy.name] = variable
+        self.emit(f"{variable} = {expression}")
 
 
 def _out(bsym: BoundSymbol) -> Proxy:
@@ -428,38 +436,7 @@ def definition_source(
     name = region.sym.name
     inputs = list(region.args)
     outputs = [p for p in region.flat_outs if isinstance(p, Proxy)]
-    w = _Writer()
-    for index, proxy in enumerate(inputs):
-        if isinstance(proxy, TensorProxy):
-            if input_descriptors is not None and input_descriptors[index] is not None:
-                contiguity, stride_order = input_descriptors[index]
-            else:
-                contiguity, stride_order = contiguous_descriptor(proxy)
-            shape = [1 if size == 1 else -1 for size in proxy.shape]
-            w.define(
-                proxy,
-                f"fd.define_tensor(shape={shape}, contiguity={list(contiguity)}, dtype={_nv_dtype(proxy.dtype)}, "
-                f"is_cpu=False, stride_order={list(stride_order)})",
-            )
-        elif isinstance(proxy, NumberProxy):
-            w.define(proxy, f"fd.define_scalar({_nv_dtype(proxy.python_type)})")
-        else:
-            raise EmitError(f"region input {proxy!r} is neither a tensor nor a number")
-    input_names = {p.name for p in inputs}
-    for bsym in region.subsymbols:
-        _emit_op(w, bsym)
-    emitted: set[str] = set()
-    for proxy in outputs:
-        if not isinstance(proxy, TensorProxy):
-            raise EmitError(f"nvFuser cannot output the number {proxy.name}")
-        expression = w.value(proxy)
-        if expression in input_names or expression in emitted:
-            # an output that is an input (or another output) needs its own buffer
-            copy = w.temp()
-            w.emit(f"{copy} = fd.ops.set({expression})")
-            expression = copy
-        emitted.add(expression)
-        w.emit(f"fd.add_output({expression})")
+    w = _definition_body(region, input_descriptors)
 
     input_list = ", ".join(f"{p.name}: {_describe(p)}" for p in inputs)
     output_list = ", ".join(f"{p.name}: {_describe(p)}" for p in outputs)
@@ -489,6 +466,53 @@ def definition_source(
             "    print([tuple(o.shape) for o in outputs])",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _definition_body(region: BoundSymbol, input_descriptors: Sequence[Any] | None, canonical: bool = False) -> _Writer:
+    """The lines of the definition function of ``region`` (see :func:`definition_source`)."""
+    inputs = list(region.args)
+    outputs = [p for p in region.flat_outs if isinstance(p, Proxy)]
+    w = _Writer(canonical)
+    for index, proxy in enumerate(inputs):
+        if isinstance(proxy, TensorProxy):
+            if input_descriptors is not None and input_descriptors[index] is not None:
+                contiguity, stride_order = input_descriptors[index]
+            else:
+                contiguity, stride_order = contiguous_descriptor(proxy)
+            shape = [1 if size == 1 else -1 for size in proxy.shape]
+            w.define(
+                proxy,
+                f"fd.define_tensor(shape={shape}, contiguity={list(contiguity)}, dtype={_nv_dtype(proxy.dtype)}, "
+                f"is_cpu=False, stride_order={list(stride_order)})",
+            )
+        elif isinstance(proxy, NumberProxy):
+            w.define(proxy, f"fd.define_scalar({_nv_dtype(proxy.python_type)})")
+        else:
+            raise EmitError(f"region input {proxy!r} is neither a tensor nor a number")
+    input_variables = {w.names[p.name] for p in inputs}
+    for bsym in region.subsymbols:
+        _emit_op(w, bsym)
+    emitted: set[str] = set()
+    for proxy in outputs:
+        if not isinstance(proxy, TensorProxy):
+            raise EmitError(f"nvFuser cannot output the number {proxy.name}")
+        expression = w.value(proxy)
+        if expression in input_variables or expression in emitted:
+            # an output that is an input (or another output) needs its own buffer
+            copy = w.temp()
+            w.emit(f"{copy} = fd.ops.set({expression})")
+            expression = copy
+        emitted.add(expression)
+        w.emit(f"fd.add_output({expression})")
+
+    return w
+
+
+def definition_key(region: BoundSymbol, input_descriptors: Sequence[Any] | None = None) -> str:
+    """The text of ``region``'s definition with variables numbered instead of named: equal for two
+    regions exactly when their definitions are the same up to the names of the proxies (the regions
+    of identical layers), so they can share one compiled ``FusionDefinition`` (see :func:`build`)."""
+    return "\n".join(_definition_body(region, input_descriptors, canonical=True).lines)
 
 
 def _identifier(name: str) -> str:
@@ -559,6 +583,34 @@ def build(region: BoundSymbol, input_descriptors: Sequence[Any] | None = None):
     return namespace["fd"]
 
 
+#: FusionDefinitions by :func:`definition_key`, shared by every region of the process with the same
+#: definition: nvFuser compiles kernels per FusionDefinition object (on its first execution for each
+#: input shape), so the regions of identical layers would otherwise each compile the same kernels, and
+#: compilation is most of a first call's time on the GPU.  Kept for the process's life, as nvFuser's
+#: own kernel caches are; :func:`clear_shared_definitions` empties it.
+_SHARED: dict[str, Any] = {}
+
+
+def shared_build(region: BoundSymbol, input_descriptors: Sequence[Any] | None = None):
+    """:func:`build`, but a region whose definition equals an earlier region's up to proxy names gets
+    that region's ``FusionDefinition`` (and so its compiled kernels)."""
+    key = definition_key(region, input_descriptors)
+    fd = _SHARED.get(key)
+    if fd is None:
+        fd = _SHARED[key] = build(region, input_descriptors)
+    return fd
+
+
+def shared_definitions() -> int:
+    """How many distinct FusionDefinitions the regions of this process share (see :func:`shared_build`)."""
+    return len(_SHARED)
+
+
+def clear_shared_definitions() -> None:
+    """Forget the shared FusionDefinitions (their kernels are compiled again on next use)."""
+    _SHARED.clear()
+
+
 def tensor_descriptor(tensor) -> tuple[tuple[bool | None, ...], tuple[int, ...]]:
     """nvFuser (contiguity, stride_order) of a runtime tensor."""
     try:
@@ -597,7 +649,7 @@ class NvFuserRegionCallable:
         try:
             if fd is None:
                 descriptors = [tensor_descriptor(a) if hasattr(a, "stride") else None for a in args]
-                fd = self.definitions[key] = build(self.region, descriptors)
+                fd = self.definitions[key] = shared_build(self.region, descriptors)
             return fd.execute(list(args))
         except Exception as exc:  # nvFuser refused the definition: this region runs in torch from now on
             if any(op_kind(sub) in STATELESS_RNG_KINDS for sub in self.region.subsymbols):
