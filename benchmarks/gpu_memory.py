@@ -223,10 +223,11 @@ def render(path: str) -> str:
 
             errors = "-" if mode == "eager" else f"{r.get('loss_rel_error', float('nan')):.1e} / {r.get('grad_rel_error', float('nan')):.1e}"
             name = f"**{mode}**" if mode.startswith("remat") else mode
+            first_call = f"{r['first_call_s']:.1f} | {ratio('first_call_s', thunder)}" if "first_call_s" in r else "- | -"
             lines.append(
                 f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {r['saved_mib']:.1f} "
                 f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} "
-                f"| {r['first_call_s']:.1f} | {ratio('first_call_s', thunder)} | {errors} |"
+                f"| {first_call} | {errors} |"
             )
     notes = []
     for (model, layers, seq), modes in groups.items():
