@@ -6,9 +6,13 @@ shapes, contiguity and dtypes, one ``fd.ops.*`` call per prim, ``add_output``.  
 it is tested on CPU (structure and golden files).  :func:`build` runs that script and returns the live
 ``FusionDefinition`` where ``nvfuser_direct`` imports; :class:`NvFuserRegionCallable` runs a region with
 it, building one definition per input layout and falling back to the torch reference (with one warning
-naming the region) if nvFuser rejects it.
+naming the region) if nvFuser rejects it.  Regions whose definitions are equal up to proxy names (those
+of identical layers: :func:`definition_key`) share one definition (:func:`shared_build`), so nvFuser
+compiles their kernels once.
 
-The script is the single source of truth: what ``build`` executes is exactly what a user reads.  Each op
+The script is the single source of truth: what ``build`` executes is exactly what a user reads (a
+shared definition was built from the script of the first region that needed it, which differs from the
+others' only in names).  Each op
 kind has one emitter in :data:`EMITTERS` (the unary and binary prims are written from the op table's
 sets, :data:`remat.core.ops.NVFUSER_UNARY_PRIMS` / ``NVFUSER_BINARY_PRIMS``); :func:`supported_kinds` is
 that table's keys.
@@ -623,7 +627,8 @@ def tensor_descriptor(tensor) -> tuple[tuple[bool | None, ...], tuple[int, ...]]
 
 
 class NvFuserRegionCallable:
-    """Runs a region with nvFuser: one FusionDefinition per input layout, built on first use.  If
+    """Runs a region with nvFuser: one FusionDefinition per input layout, built on first use (or shared
+    with an equal region's, :func:`shared_build`).  If
     nvFuser rejects the region, it runs with ``fallback`` (the torch reference) from then on, and one
     warning names the region; except a region drawing random numbers (``uniform_philox``), which raises
     :class:`remat.RematError`: torch's philox numbers are not nvFuser's."""
