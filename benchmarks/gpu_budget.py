@@ -53,15 +53,10 @@ ESTIMATE_TOLERANCE = 0.05  # issue 15: measured peak within 5% of remat's estima
 
 
 def build(name: str, layers: int, seq: int, batch: int):
-    import torch
-    from gpu_memory import WithLoss
-    from remat.models import litgpt_model
+    """gpu_memory's setup (bf16, vocab 512, loss inside, seed 0) at ``batch`` sequences."""
+    from gpu_memory import build as build_setup
 
-    model, idx = litgpt_model(name, layers, seq, batch=batch, device="cuda")  # bf16, vocab 512, seed 0
-    module = WithLoss(model)
-    params = [p for p in module.parameters() if p.requires_grad]
-    targets = torch.randint(0, 512, (batch, seq), device="cuda")
-    return module, params, idx, targets
+    return build_setup(name, layers, seq, batch=batch)
 
 
 def modes(fractions: tuple[float, ...], extra_compile: tuple[float, ...]) -> list[tuple[str, float | str | None]]:

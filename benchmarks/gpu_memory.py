@@ -61,13 +61,13 @@ class WithLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
-def build(name: str, layers: int, seq: int, device: str = "cuda"):
+def build(name: str, layers: int, seq: int, device: str = "cuda", batch: int = 1):
     """The measured setup: a bf16 LitGPT config with vocab 512 and the loss inside, its trainable
     parameters, and one batch of token ids and targets (seeded)."""
-    model, idx = litgpt_model(name, layers, seq, device=device)  # seed 0; idx drawn right after the weights
+    model, idx = litgpt_model(name, layers, seq, batch=batch, device=device)  # seed 0; idx drawn right after the weights
     module = WithLoss(model)
     params = [p for p in module.parameters() if p.requires_grad]
-    targets = torch.randint(0, 512, (1, seq), device=device)
+    targets = torch.randint(0, 512, (batch, seq), device=device)
     return module, params, idx, targets
 
 

@@ -145,9 +145,9 @@ def run(args) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    module, params, idx, targets = build(args.model, args.layers, args.seq)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch)
     for mode in args.modes:
-        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode)
+        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, mode=mode)
         try:
             t0 = time.perf_counter()
             fn, remat_executor = make(mode, module)
@@ -188,6 +188,7 @@ def main() -> None:
     parser.add_argument("--model", default="stablecode-completion-alpha-3b")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--modes", nargs="+", default=["thunder", "remat"])
     parser.add_argument("--out", default="gpu_profile_out")
     run(parser.parse_args())
