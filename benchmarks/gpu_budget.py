@@ -59,11 +59,23 @@ def build(name: str, layers: int, seq: int, batch: int):
     return build_setup(name, layers, seq, batch=batch)
 
 
-def modes(fractions: tuple[float, ...], extra_compile: tuple[float, ...]) -> list[tuple[str, float | str | None]]:
-    """(system, budget) in measuring order: the anchors, then both systems at each fraction."""
+#: remat rows given torch.compile's measured peak at these ``activation_memory_budget`` fractions as its
+#: budget (bytes above the default plan's peak buy fewer kernels, :mod:`remat.planning.budget`)
+AT_COMPILE_PEAKS = (1.0,)
+#: the budget label of such a row, before the measured peak replaces it
+AT_PEAK_PREFIX = "peak of torch.compile "
+
+
+def modes(
+    fractions: tuple[float, ...], extra_compile: tuple[float, ...], at_compile_peaks: tuple[float, ...] = AT_COMPILE_PEAKS
+) -> list[tuple[str, float | str | None]]:
+    """(system, budget) in measuring order: the anchors, then both systems at each fraction (and remat at
+    torch.compile's measured peak right after that torch.compile row, for ``at_compile_peaks``)."""
     order: list[tuple[str, float | str | None]] = [("eager", None), ("thunder", None)]
     for fraction in fractions:
         order += [("remat", fraction), ("torch.compile", fraction)]
+        if fraction in at_compile_peaks:
+            order.append(("remat", f"{AT_PEAK_PREFIX}{fraction}"))
     order.append(("remat", "min"))
     order += [("torch.compile", fraction) for fraction in extra_compile]
     return order
@@ -146,9 +158,16 @@ def run(args) -> None:
     module, params, idx, targets = build(args.model, args.layers, args.seq, args.batch)
     eager_grads = None
     started = time.perf_counter()
-    for system, budget in modes(tuple(args.fractions), tuple(args.extra_compile_fractions)):
+    compile_peaks: dict[str, float] = {}  # fraction (as text) -> torch.compile's measured peak, MiB
+    for system, budget in modes(tuple(args.fractions), tuple(args.extra_compile_fractions), tuple(args.at_compile_peaks)):
         if args.only and f"{system}:{budget}" not in args.only and system not in args.only:
             continue
+        budget_from = None
+        if isinstance(budget, str) and budget.startswith(AT_PEAK_PREFIX):
+            peak = compile_peaks.get(budget[len(AT_PEAK_PREFIX):])
+            if peak is None:
+                continue  # that torch.compile row was not measured
+            budget_from, budget = budget, f"{int(peak)}MiB"  # rounded down: remat may not exceed it
         if time.perf_counter() - started > args.deadline:
             print(json.dumps(dict(system=system, budget=budget, skipped=f"past --deadline {args.deadline:.0f} s")), flush=True)
             continue
@@ -158,11 +177,15 @@ def run(args) -> None:
             model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, system=system, budget=budget,
             device=torch.cuda.get_device_name(), run=RUN,
         )
+        if budget_from is not None:
+            record["budget_from"] = budget_from
         try:
             measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads)
             record.update(measured)
             if system == "eager":
                 eager_grads = grads
+            if system == "torch.compile":
+                compile_peaks[str(budget)] = measured["peak_mib"]
         except Exception as exc:  # one broken mode must not lose the others
             record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         torch._dynamo.reset()
@@ -173,8 +196,15 @@ def run(args) -> None:
 
 # ------------------------------------------------------------------------------------------------ render
 def _order(budget) -> float:
-    """Sort key: anchors first, then budgets falling, the lowest plan ("min") last."""
-    return -2.0 if budget is None else (1.0 if budget == "min" else -float(budget))
+    """Sort key: anchors first, then budgets falling (sizes such as "10291MiB", above the default plan,
+    before fractions), the lowest plan ("min") last."""
+    if budget is None:
+        return -2.0
+    if budget == "min":
+        return 1.0
+    if isinstance(budget, str) and budget.endswith("MiB"):
+        return -1.0 - float(budget[:-3]) / 1e7
+    return -float(budget)
 
 
 def outdated(records: list[dict]) -> list[dict]:
@@ -191,7 +221,9 @@ def outdated(records: list[dict]) -> list[dict]:
 
 def _label(record: dict) -> str:
     budget = record["budget"]
-    return "-" if budget is None else str(budget)
+    if budget is None:
+        return "-"
+    return f"{budget} ({record['budget_from']})" if record.get("budget_from") else str(budget)
 
 
 def checks(records: list[dict]) -> list[str]:
@@ -351,6 +383,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
     parser.add_argument("--extra-compile-fractions", type=float, nargs="*", default=list(EXTRA_COMPILE_FRACTIONS))
+    parser.add_argument("--at-compile-peaks", type=float, nargs="*", default=list(AT_COMPILE_PEAKS),
+                        help="after torch.compile at these fractions, remat with its measured peak as the budget")
     parser.add_argument("--deadline", type=float, default=450.0, help="seconds after which the remaining modes are skipped")
     parser.add_argument("--only", nargs="*", help="measure only these modes, as system or system:budget (eager:None, torch.compile:0.2, remat:min)")
     parser.add_argument("--out", default="out")

@@ -164,7 +164,9 @@ def optimize(
 
     Never worse than Thunder, by construction: the trace returned has the lowest estimated peak of remat's
     rewrite, Thunder's own ``rematerialize`` of the same trace (with ``thunder_baseline=True``, the
-    default) and the trace as it came; remat's wins ties.  ``Result.chosen`` says which was kept and
+    default) and the trace as it came; remat's wins ties.  With a memory budget, remat's rewrite is kept
+    whenever its estimated peak fits the budget: the budget is what the user allows, and a budget above
+    the default plan's peak buys fewer kernels with memory (:mod:`remat.planning.budget`).  ``Result.chosen`` says which was kept and
     ``Result.notes`` why; keeping another trace is not a failure and does not warn.
 
     What remat cannot handle is left as the trace has it, each cause with one
@@ -236,6 +238,10 @@ def optimize(
             notes.append(thunder_note)
     candidates["unplanned"] = before
     chosen = min(candidates, key=lambda name: candidates[name].peak_bytes)  # insertion order breaks ties: remat first
+    if choice is not None and choice.fits and "remat" in candidates and candidates["remat"].peak_bytes <= choice.budget_bytes:
+        # a budget is what the user allows: remat's plan, the cheapest that fits, is kept when it fits
+        # (above the default plan it keeps values to save kernels, and may peak above Thunder's trace)
+        chosen = "remat"
 
     if failure is not None:
         warn(f"remat's plan was not applied: {failure}; kept {_KEPT[chosen]}")

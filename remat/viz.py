@@ -830,7 +830,9 @@ def pareto_curve(
     right = max(xs) * 1.15 if max(xs) > 0 else 1.0
     ax.step(xs + [right], ys + [ys[-1]], where="post", color=_RECOMPUTE_EDGE, lw=2, label="best plan for the FLOPs spent")
     ax.plot(xs, ys, "o", color=_RECOMPUTE_EDGE, mec="black", mew=0.6, zorder=5)
-    ax.annotate(f"default plan\n{format_bytes(points[0].peak_bytes)}", (xs[0], ys[0]), textcoords="offset points",
+    # the default plan is the first point, unless a budget above it put kept plans first (found="kept")
+    first = next((i for i, p in enumerate(points) if getattr(p, "found", "default") == "default"), 0)
+    ax.annotate(f"default plan\n{format_bytes(points[first].peak_bytes)}", (xs[first], ys[first]), textcoords="offset points",
                 xytext=(8, 8), fontsize=8.5)
     if len(points) > 1:
         ax.annotate(format_bytes(points[-1].peak_bytes), (xs[-1], ys[-1]), textcoords="offset points", xytext=(6, -14),

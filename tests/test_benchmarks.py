@@ -70,3 +70,24 @@ def test_host_diagnostic_splits_kernels_by_phase(tmp_path):
     assert abs(forward["idle_between_kernels_ms"] - 0.010) < 1e-9
     assert forward["largest_gaps"][0] == dict(us=10.0, after="b", before="c")
     assert backward["kernels"] == 1 and abs(backward["first_kernel_delay_ms"] - 0.030) < 1e-9
+
+
+def load_gpu_budget():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_budget imports gpu_memory
+    spec = importlib.util.spec_from_file_location("gpu_budget", ROOT / "benchmarks" / "gpu_budget.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_budget_benchmark_gives_remat_torch_compiles_measured_peak_right_after_measuring_it():
+    gpu_budget = load_gpu_budget()
+    order = gpu_budget.modes((1.0, 0.9), (0.2,), at_compile_peaks=(1.0,))
+    at_peak = order.index(("remat", gpu_budget.AT_PEAK_PREFIX + "1.0"))
+    assert order[at_peak - 1] == ("torch.compile", 1.0)
+    assert not any(b == gpu_budget.AT_PEAK_PREFIX + "0.9" for _, b in order)
+    # sizes (above remat's default plan) sort between the anchors and the fractions
+    budgets = [None, "min", 1.0, 0.9, "10291MiB", "9000MiB"]
+    assert sorted(budgets, key=gpu_budget._order) == [None, "10291MiB", "9000MiB", 1.0, 0.9, "min"]

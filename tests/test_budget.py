@@ -199,6 +199,28 @@ def test_every_frontier_plan_is_valid_and_the_choice_is_monotone(graph):
     assert chosen == sorted(chosen)
 
 
+@given(training_graphs(max_nodes=14))
+def test_budgets_above_the_default_plan_are_valid_fit_and_trade_monotonically(graph):
+    """Above the default plan's peak a budget buys fewer extra FLOPs (values kept instead of recomputed
+    for readers outside regions: every backward op of a plain graph is one); each choice is a valid
+    plan that fits, and more room never means a lower peak or more recomputation."""
+    note(graph_source(graph))
+    fusion_graph, node_ids = plain_graph(graph)
+    try:
+        default = plan_for_budget(fusion_graph, remat.MemoryBudget(fraction=1.0)).point
+    except remat.InfeasibleError:
+        return
+    previous = default
+    for factor in (1.05, 1.3, 2.0, 4.0):
+        budget = int(default.peak_bytes * factor) + 1
+        choice = plan_for_budget(fusion_graph, remat.MemoryBudget(bytes=budget))
+        assert choice.fits and choice.point.peak_bytes <= budget
+        assert choice.point.peak_bytes >= previous.peak_bytes and choice.point.extra_flops <= previous.extra_flops
+        assert plan_memory(fusion_graph, choice.plan).peak_bytes == choice.point.peak_bytes
+        check_plan(graph, replace(choice.plan, recomputed_ops=tuple(node_ids[i] for i in choice.plan.recomputed_ops)), remat.RecomputePolicy())
+        previous = choice.point
+
+
 def test_memory_budget_from_free_device_memory():
     """The budget for "what this GPU has": free memory, less what is allocated later outside the step,
     less a headroom for what the memory model does not count."""

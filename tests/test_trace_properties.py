@@ -38,7 +38,9 @@ trace_settings = settings(
 # Under ci every shared trace test draws the same cases, so the cache below traces each program once.
 shared_examples = seed(20261202) if CI else (lambda test: test)
 PROGRAMS = programs(max_ops=12)
-POLICIES = st.builds(remat.RecomputePolicy, matmul=st.booleans(), reductions=st.booleans(), non_fusible=st.booleans())
+POLICIES = st.builds(
+    remat.RecomputePolicy, matmul=st.booleans(), reductions=st.booleans(), non_fusible=st.booleans(), unfused_readers=st.booleans()
+)
 # What the shared tests draw: a program and a recompute policy.  Only test_any_safe_policy_keeps_numerics
 # reads the policy; the others draw one too, so that all of them draw the same sequence of programs (were
 # the policy test alone to draw a policy, its programs would differ and it would trace its own 100).

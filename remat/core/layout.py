@@ -46,12 +46,13 @@ from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
-from remat.core.ops import ALWAYS_VIEW_PRIMS, VIEW_PRIMS
+from remat.core.ops import ALWAYS_VIEW_PRIMS, RETURN_KIND, VIEW_PRIMS
 from remat.core.views import alias_base, region_views
 
 __all__ = [
     "UnitEdit", "RecomputeStage", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io",
     "recompute_closure", "stands_alone", "stage_closure", "RegionNames", "region_name",
+    "read_outside_regions",
 ]
 
 Node = TypeVar("Node", bound=Hashable)
@@ -169,6 +170,24 @@ def stands_alone(op: Op) -> bool:
     collectives and their waits, other ops no region takes) and is not a view or shape op (those fold
     into a region as they always did).  The one rule :func:`stage_closure` stages by."""
     return op.region is None and not op.tags & FOLDABLE_TAGS
+
+
+def read_outside_regions(graph: FusionGraph) -> frozenset[str]:
+    """Forward values that a backward op outside every region reads (a matmul, an attention backward, a
+    stand-alone view), each taken to the value whose storage it shares (:func:`alias_base`: a transposed
+    ``v`` reads as the ``qkv`` it views).  Recomputing one of them cannot fuse into its reader: the
+    layout gives it a region of its own before that op (module docstring), one more kernel that writes
+    it to memory for the reader to load back.  ``RecomputePolicy(unfused_readers=False)`` keeps them
+    saved instead (:func:`remat.planning.problem.build_problem`)."""
+    producer_phase = {name: op.phase for op in graph.ops for name in op.outputs}
+    values: set[str] = set()
+    for op in graph.ops:
+        if op.phase != BACKWARD or op.region is not None or op.kind == RETURN_KIND:
+            continue
+        for name in op.inputs:
+            if producer_phase.get(name) == FORWARD:
+                values.add(alias_base(name, graph.tensors))
+    return frozenset(values)
 
 
 def stage_closure(

@@ -33,6 +33,15 @@ class RecomputePolicy:
     dropout).  For experiments only.  ``random=True``, this switch's old name, raises a ``ValueError``
     saying so: a setting that changes results is only taken under a name that says it does.
 
+    ``unfused_readers``: allow recomputing a value that a backward op outside every region reads (a
+    matmul's weight gradient, an attention backward): such a recomputation cannot fuse into its reader,
+    so it runs as a region of its own, one more kernel that writes the value to memory and the reader
+    loads it back (:func:`remat.core.layout.read_outside_regions`; in LitGPT, the RoPE'd queries and
+    keys recomputed from ``qkv`` before the attention backward).  ``False`` keeps such values saved
+    instead: more memory, fewer kernels in the backward; exact in the cut (their producers may not be
+    recomputed, not even under a budget).  Whether that is faster is the GPU's to say (issue 18 in
+    docs/benchmarks.md); the default is the lower peak.
+
     ``regather_parameters``: allow re-gathering parameters in the backward instead of keeping them
     unsharded from the forward: ZeRO3's meaning, for ``thunder.distributed.fsdp`` traces.  Exactly the ops
     the op table tags ``regather`` become recomputable (:func:`remat.core.ops.regather_tags`): an all-gather
@@ -52,10 +61,12 @@ class RecomputePolicy:
     non_fusible: bool = False
     unsafe_stateful_random: bool = False
     regather_parameters: bool = False
+    unfused_readers: bool = True
 
     def __post_init__(self) -> None:
         for field_name in (
-            "matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random", "regather_parameters"
+            "matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random", "regather_parameters",
+            "unfused_readers",
         ):
             value = getattr(self, field_name)
             if not isinstance(value, bool):

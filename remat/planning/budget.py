@@ -48,6 +48,16 @@ that smallest reachable peak).  Budgets return plans; the pipeline applies them.
 depend on B, so a smaller budget never gives a higher estimated peak (the choice for a smaller budget is
 either the same point or one whose peak is below the larger budget's choice).
 
+Budgets above the default plan's peak (bytes or a size such as ``"12GiB"``: a fraction is at most 1)
+buy speed with memory (:func:`_kept_side`).  The default plan recomputes some values for backward ops
+outside every region (the RoPE'd queries and keys for the attention backward, a layer norm's output for a
+weight gradient): each such recomputation is a region of its own, one more kernel, while the forward wrote
+the value anyway for its own reader.  Above the default peak, remat keeps such values instead, latest
+layers first, as many as fit: fewer extra FLOPs and kernels at a higher peak.  How much time that saves
+is measured on the GPU (docs/benchmarks.md), not modelled.  On deep models (more than
+:data:`MAX_INTERPOLATED` such values) the kept plans are bisected for the budget, so that side of the
+frontier depends on it.
+
 Random ops.  Stateful RNG (``uniform`` off CUDA) is never priced: recomputing it would draw new numbers
 (PyTorch issue 190758).  Thunder's stateless ``uniform_philox`` (what :func:`remat.fuse` turns dropout
 into on CUDA) is recomputable at any budget and reproduces the same mask.
@@ -66,8 +76,8 @@ import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from remat.core.ir import FusionGraph
-from remat.core.layout import layout_graph, plan_layout
+from remat.core.ir import FORWARD, FusionGraph
+from remat.core.layout import layout_graph, plan_layout, read_outside_regions
 from remat.core.memory import MemoryBudget, MemoryProfile, lifetimes, profile_graph, save_cost
 from remat.core.policies import RecomputePolicy
 from remat.core.views import alias_base
@@ -102,7 +112,7 @@ PEAK_ROUNDS = 2
 MAX_INTERPOLATED = 40
 
 #: How a frontier point was found (:attr:`ParetoPoint.found`).
-FOUND = ("default", "price", "peak-aware", "interpolated", "per-unit")
+FOUND = ("default", "price", "peak-aware", "interpolated", "per-unit", "kept")
 
 
 @dataclass(frozen=True)
@@ -110,8 +120,10 @@ class ParetoPoint:
     """One plan on the frontier: its estimated peak, the FLOPs it recomputes (per placement, as the
     rewrite runs them), and the plan.  ``price``: the bytes-per-FLOP price it was solved at (``inf`` for
     the default plan); ``found``: how (one of :data:`FOUND`: the default plan, a price of the sweep, a
-    peak-aware re-solve, an interpolation between two price vertices, or the lowest plan laid out with
-    its recomputed matmuls re-issued for every unit that reads them: :func:`_per_unit_variant`)."""
+    peak-aware re-solve, an interpolation between two price vertices, the lowest plan laid out with
+    its recomputed matmuls re-issued for every unit that reads them: :func:`_per_unit_variant`, or, for
+    a budget above the default plan's peak, the default plan keeping some values it recomputed for
+    readers outside regions: :func:`_kept_side`)."""
 
     peak_bytes: int
     extra_flops: int
@@ -174,18 +186,27 @@ class _Search:
         self.priceable: frozenset[Hashable] = frozenset()  # ops recomputable at a price (set by a finite, unrestricted solve)
 
     def solve(
-        self, price: float, weights: Mapping[str, float] | None = None, priced_ops: Collection[Hashable] | None = None
+        self,
+        price: float,
+        weights: Mapping[str, float] | None = None,
+        priced_ops: Collection[Hashable] | None = None,
+        keep: Collection[str] = (),
     ) -> tuple[Plan, bytes]:
         """The plan of one minimum cut, and the cut itself (its sink side, as bytes) to compare cuts."""
-        return self.plan_of(*self.cut(price, weights, priced_ops))
+        return self.plan_of(*self.cut(price, weights, priced_ops, keep))
 
     def cut(
-        self, price: float, weights: Mapping[str, float] | None = None, priced_ops: Collection[Hashable] | None = None
+        self,
+        price: float,
+        weights: Mapping[str, float] | None = None,
+        priced_ops: Collection[Hashable] | None = None,
+        keep: Collection[str] = (),
     ) -> tuple[FlowProblem, CutResult, float]:
         """One minimum cut (without reading a plan off it: the sweep compares cuts first)."""
         start = time.perf_counter()
         problem = build_problem(
-            self.graph, self.recompute, priced=self.priced, recompute_price=price, weights=weights, priced_ops=priced_ops
+            self.graph, self.recompute, priced=self.priced, recompute_price=price, weights=weights,
+            priced_ops=priced_ops, keep=keep,
         )
         if priced_ops is None and math.isfinite(price):
             self.priceable = frozenset(problem.priced_ops)
@@ -424,6 +445,60 @@ def _per_unit_variant(search: _Search) -> None:
         search.points.append(ParetoPoint(profile.peak_bytes, layout.extra_flops, plan, profile.saved_bytes, lowest.price, "per-unit"))
 
 
+def _kept_side(search: _Search, default: ParetoPoint, budget_bytes: int) -> list[ParetoPoint]:
+    """Plans above the default plan, for a budget above its estimated peak: the default plan with some of
+    the values it recomputes for a backward op outside every region kept instead
+    (:func:`remat.core.layout.read_outside_regions`: each such recomputation is a region of its own, one
+    more kernel writing the value to memory; the forward wrote the value anyway, for its own reader
+    outside regions, so keeping it costs memory and no work).  Latest layers first: the backward reads
+    their values first, so keeping them holds memory for the shortest time.  Every prefix is evaluated
+    when there are at most :data:`MAX_INTERPOLATED` (a few layers); on deeper models the largest prefix
+    that fits the budget is found by bisection (assuming the peak rises along the prefixes; every plan
+    returned was evaluated).  Points, most kept first, each with fewer extra FLOPs than the next."""
+    graph = search.graph
+    unfused = read_outside_regions(graph)
+    candidates = [v for v in dict.fromkeys(alias_base(v, graph.tensors) for v in default.plan.recomputed_values) if v in unfused]
+    if not candidates:
+        return []
+    first_reader: dict[str, int] = {}
+    for op in graph.ops:
+        if op.phase != FORWARD:
+            for name in op.inputs:
+                base = alias_base(name, graph.tensors)
+                if base in unfused:
+                    first_reader.setdefault(base, search.position[op.id])
+    candidates.sort(key=lambda v: first_reader.get(v, len(graph.ops)))
+
+    def point(count: int) -> ParetoPoint:
+        plan, _ = search.solve(math.inf, keep=candidates[:count])
+        search.evaluate(plan, math.inf, "kept")
+        return search.evaluated[_plan_key(plan)]
+
+    if len(candidates) <= MAX_INTERPOLATED:  # every prefix: the side does not depend on the budget
+        evaluated = [point(count) for count in range(len(candidates), 0, -1)]
+    else:  # deep models: bisect for the largest prefix that fits, as plan_for_budget does below
+        evaluated = [point(len(candidates))]
+        low, high = 0, len(candidates)  # prefix ``low`` fits (the default plan), ``high`` may not
+        if evaluated[0].peak_bytes <= budget_bytes:
+            low = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            evaluated.append(point(middle))
+            if evaluated[-1].peak_bytes <= budget_bytes:
+                low = middle
+            else:
+                high = middle
+    above = sorted(
+        (p for p in evaluated if p.peak_bytes > default.peak_bytes and p.extra_flops < default.extra_flops),
+        key=lambda p: (p.extra_flops, -p.peak_bytes),
+    )
+    side: list[ParetoPoint] = []
+    for p in reversed(above):  # from the fewest kept: keep a point only if it is cheaper at a higher peak
+        if not side or (p.extra_flops < side[-1].extra_flops and p.peak_bytes > side[-1].peak_bytes):
+            side.append(p)
+    return side[::-1]
+
+
 def _pareto_filter(default: ParetoPoint, points: list[ParetoPoint]) -> list[ParetoPoint]:
     """The default plan, then the points below its peak that no other point beats on both counts."""
     frontier = [default]
@@ -477,5 +552,7 @@ def plan_for_budget(
         search.refine(chains, max(budget_bytes, min(point.peak_bytes for point in search.points)))
     _per_unit_variant(search)
     frontier = _pareto_filter(default, search.points)
+    if budget_bytes > default.peak_bytes:  # room above the default plan: keep what it recomputes unfused
+        frontier = _kept_side(search, default, budget_bytes) + frontier
     point, fits = choose(frontier, budget_bytes)
     return BudgetChoice(point, fits, budget_bytes, frontier, reference_peak)

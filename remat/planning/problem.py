@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from remat.core.ir import FORWARD, FusionGraph
+from remat.core.layout import read_outside_regions
 from remat.core.memory import save_cost as value_save_cost
 from remat.core.ops import ALL_GATHER_KINDS, REGATHER_TAG, RETURN_KIND
 from remat.core.policies import RecomputePolicy
@@ -90,6 +91,7 @@ def build_problem(
     recompute_price: float = 0.0,
     weights: Mapping[str, float] | None = None,
     priced_ops: Collection[Hashable] | None = None,
+    keep: Collection[str] = (),
 ) -> FlowProblem:
     """Build the flow network of ``graph`` (see the module docstring).  ``recompute`` says what may be
     recomputed (default :class:`~remat.RecomputePolicy()`); ops that read a buffer written in place
@@ -109,6 +111,11 @@ def build_problem(
     (:data:`remat.core.ops.REGATHER_FLOPS_PER_BYTE` per gathered byte), so at an infinite price nothing is
     re-gathered.  The future of a re-gather that may be recomputed is never a saved value (it counts 0
     bytes but holds the gathered buffer).
+
+    ``keep``: values whose producers may not be recomputed, whatever the policies say (the budget search
+    above the default plan keeps values this way, :mod:`remat.planning.budget`); with
+    ``RecomputePolicy(unfused_readers=False)`` every value a backward op outside every region reads is
+    kept (:func:`remat.core.layout.read_outside_regions`).
     """
     if graph.ops is None:
         raise GraphError("this FusionGraph was read without operations; the solver needs them (remat.read_trace(trace))")
@@ -126,6 +133,9 @@ def build_problem(
     unsavable: set[str] = set()
     op_flops: dict[Hashable, int] = {}
 
+    kept = frozenset(keep)
+    if not policy.unfused_readers:  # values a backward op outside every region reads stay saved
+        kept = kept | read_outside_regions(graph)
     price: dict[str, int] = {}  # value -> capacity of SOURCE -> in(value) for priced recomputation
     priced_set: set[Hashable] = set()
     if priced_ops is not None and not isinstance(priced_ops, (set, frozenset)):
@@ -135,6 +145,8 @@ def build_problem(
             continue
         if op.id in hazards:  # reads a buffer that is written in place later: never recomputed
             allowed = False
+        elif kept and not kept.isdisjoint(op.outputs):
+            allowed = False  # asked to keep (``keep``, or its recomputation could not fuse into its reader)
         elif op.recompute is None:
             allowed = policy.allows(op.tags, op.fusible)
             # A re-gather the policy allows costs communication: free without a price (the plan saves
