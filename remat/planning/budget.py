@@ -490,11 +490,11 @@ def _kept_side(search: _Search, default: ParetoPoint, budget_bytes: int) -> list
                 high = middle
     above = sorted(
         (p for p in evaluated if p.peak_bytes > default.peak_bytes and p.extra_flops < default.extra_flops),
-        key=lambda p: (p.extra_flops, -p.peak_bytes),
+        key=lambda p: (p.peak_bytes, p.extra_flops),
     )
     side: list[ParetoPoint] = []
-    for p in reversed(above):  # from the fewest kept: keep a point only if it is cheaper at a higher peak
-        if not side or (p.extra_flops < side[-1].extra_flops and p.peak_bytes > side[-1].peak_bytes):
+    for p in above:  # lowest peak first: a point stays only if no lower-peak point recomputes as little
+        if not side or p.extra_flops < side[-1].extra_flops:
             side.append(p)
     return side[::-1]
 
