@@ -174,3 +174,34 @@ def test_thunders_trace_is_not_kept_when_it_reorders_random_draws():
     for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
         if a is not None:
             torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_a_value_whose_view_is_a_forward_output_costs_nothing_to_keep():
+    """The cut priced keeping ``t0`` at its bytes although ``t5 = t0.permute(0, 1)`` is a forward output
+    (the caller holds it, and with it ``t0``'s storage), so remat saved softmax's two reduction outputs
+    (16 bytes) to recompute ``t0`` where Thunder saved nothing: more than Thunder's rematerialize.  Found by
+    the nightly profile of test_saved_bytes_at_most_thunders_rematerialize.  A held view now makes its
+    base (and the base's other views) free to keep."""
+    program = Program(
+        inputs=(TensorSpec((3, 1), requires_grad=True), TensorSpec((1,))),
+        ops=(
+            OpSpec("softmax", ("i0",), (0,)),
+            OpSpec("sin", ("t0",)),
+            OpSpec("sin", ("t1",)),
+            OpSpec("sin", ("t2",)),
+            OpSpec("sin", ("t3",)),
+            OpSpec("permute", ("t0",), ((0, 1),)),
+        ),
+        output="tensors",
+    )
+    fused = remat.fuse(program.training_trace())
+    res = remat.optimize(fused, strict=True, thunder_baseline=False)
+    graph = res.graph
+    held_storage = {graph.tensors[o].alias_of or o for o in graph.forward_outputs if o in graph.tensors}
+    kept = [v for v in res.after.saved_tensors if (graph.tensors[v].alias_of or v) not in held_storage if v in graph.tensors]
+    assert sum(graph.tensors[v].bytes for v in kept) == 0, kept
+    inputs = example_inputs(fused, dtype=torch.float64)
+    expected, got = execute_joint(fused, inputs), execute_joint(res.trace, inputs)
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=0, atol=0)

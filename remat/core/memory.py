@@ -187,7 +187,8 @@ def save_cost(graph: FusionGraph, name: Hashable, *, held: Collection[str] | Non
     """Bytes that keeping value ``name`` for the backward adds to the step.
 
     Plain graphs give their costs (:attr:`FusionGraph.save_costs`).  For traces: nothing for forward
-    outputs (``held``, default ``graph.forward_outputs``: the caller holds them anyway), numbers,
+    outputs (``held``, default ``graph.forward_outputs``: the caller holds them anyway) and for values
+    sharing storage with one (a held view keeps its base alive), numbers,
     parameters and inputs; a view costs its base's storage; a view of a parameter or input costs one
     byte: no memory, but recomputing it is free too, and that spares the regions an output and an input
     (and the trace a stand-alone view op) for nothing."""
@@ -202,6 +203,10 @@ def tensor_save_cost(name: Hashable, tensors: Mapping[Hashable, Any], held: Coll
     if info is None:
         return 0
     if name in held or info.kind in ("number", "param", "input"):
+        return 0
+    # a held view keeps its base's storage: keeping the base (or another view of it) adds nothing
+    storage = info.alias_of or name
+    if any(h == storage or (tensors[h].alias_of if h in tensors else None) == storage for h in held):
         return 0
     if info.alias_of is not None:
         base = tensors.get(info.alias_of)
