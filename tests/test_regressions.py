@@ -107,7 +107,10 @@ def test_the_minimum_saved_plan_may_raise_the_peak():
     """Found by the nightly profile of tests/test_trace_properties.py: the cut minimizes saved bytes, and
     on this trace that plan raises the estimated peak; strict=True raised OptimizationError.  Fixed by
     construction (issue 17): optimize keeps the lowest of remat's plan, Thunder's rematerialize and the
-    trace as it came, and that is not an error."""
+    trace as it came, and that is not an error.  The cause went later (session 8): ``permute(t0)`` is a
+    forward output, so keeping ``t0`` is free, but the cut priced it at its bytes and saved softmax's
+    reductions instead (see test_a_value_whose_view_is_a_forward_output_costs_nothing_to_keep); now
+    remat's own plan is the lowest here.  The fallback itself is tested in tests/test_fallbacks.py."""
     program = Program(
         inputs=(TensorSpec((3, 1), requires_grad=True), TensorSpec((1,), requires_grad=False), TensorSpec((1,), requires_grad=False)),
         ops=(OpSpec("softmax", ("i0",), (0,)), OpSpec("permute", ("t0",), ((0, 1),))),
@@ -115,9 +118,8 @@ def test_the_minimum_saved_plan_may_raise_the_peak():
     )
     fused = remat.fuse(program.training_trace())
     res = remat.optimize(fused, strict=True)
-    assert res.candidates["remat"].peak_bytes > res.after.peak_bytes  # remat's plan was not the lowest
-    assert res.chosen != "remat" and res.after.peak_bytes == min(p.peak_bytes for p in res.candidates.values())
-    assert res.notes[0].startswith("kept ")
+    assert res.after.peak_bytes == min(p.peak_bytes for p in res.candidates.values())
+    assert res.chosen == "remat" and res.candidates["remat"].peak_bytes <= res.candidates["thunder"].peak_bytes
 
 
 def test_a_checkpointed_block_is_never_worse_than_thunder():
