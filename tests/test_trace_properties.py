@@ -243,7 +243,11 @@ def test_any_safe_policy_keeps_numerics(case):
             assert b is None
             continue
         torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
-    if res.applied:  # re-planning another trace (Thunder's, or the input) may well recompute
+    # Re-planning another trace (Thunder's, or the input) may well recompute.  So may re-planning under
+    # unfused_readers=False: which values a backward op outside every region reads depends on the regions,
+    # and the rewrite moves readers into regions (a value kept for a stand-alone view becomes one that a
+    # recompute region reads), so the second pass may recompute what the first kept (documented).
+    if res.applied and policy.unfused_readers:
         assert not remat.optimize(res.trace, recompute=policy, strict=True).plan.recomputed_ops
 
 

@@ -40,7 +40,9 @@ class RecomputePolicy:
     keys recomputed from ``qkv`` before the attention backward).  ``False`` keeps such values saved
     instead: more memory, fewer kernels in the backward; exact in the cut (their producers may not be
     recomputed, not even under a budget).  Whether that is faster is the GPU's to say (issue 18 in
-    docs/benchmarks.md); the default is the lower peak.
+    docs/benchmarks.md); the default is the lower peak.  The rule reads the trace's regions, which the
+    rewrite changes: optimizing an already optimized trace again may recompute values the first pass
+    kept (the default policy plans such a trace to recompute nothing more).
 
     ``regather_parameters``: allow re-gathering parameters in the backward instead of keeping them
     unsharded from the forward: ZeRO3's meaning, for ``thunder.distributed.fsdp`` traces.  Exactly the ops
