@@ -22,6 +22,23 @@ except ImportError:  # pragma: no cover - hypothesis is in the test extra
     pass
 
 
+def assert_same_loss_and_grads(reference, optimized, *, seed: int = 1) -> int:
+    """Run two joint traces on the same fp32 example inputs (token ids below 128, seeded) and assert every
+    output and gradient equal bit for bit; returns how many were compared (None entries are skipped)."""
+    from remat.thunder.execute import example_inputs, execute_joint
+
+    inputs = example_inputs(reference, int_high=128, dtype=torch.float32)
+    expected = execute_joint(reference, inputs, seed=seed)
+    got = execute_joint(optimized, inputs, seed=seed)
+    assert len(expected.outputs + expected.grads) == len(got.outputs + got.grads)
+    compared = 0
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
+        if a is not None:
+            assert torch.equal(a, b)
+            compared += 1
+    return compared
+
+
 def tiny_litgpt(name="pythia-14m", **overrides):
     from litgpt import GPT, Config
 

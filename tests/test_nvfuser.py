@@ -1,5 +1,6 @@
 """remat.nvfuser: the source form on CPU (structure, golden file, numerics through a stand-in nvFuser)."""
 
+import itertools
 import os
 import re
 import warnings
@@ -204,7 +205,7 @@ def test_regions_of_identical_layers_share_one_definition(family_traces, monkeyp
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     distinct = len(set(keys))
     assert emit.shared_definitions() == distinct < len(regions)  # two identical layers: shared
-    for (i, a), (j, b) in [((i, a), (j, b)) for i, a in enumerate(callables) for j, b in enumerate(callables) if i < j]:
+    for (i, a), (j, b) in itertools.combinations(enumerate(callables), 2):
         (fd_a,), (fd_b,) = a.definitions.values(), b.definitions.values()
         assert (fd_a is fd_b) == (keys[i] == keys[j]), (regions[i].sym.name, regions[j].sym.name)
     # the readable script still names the proxies

@@ -9,15 +9,13 @@ The switch trades that kernel for memory; these tests check the rule, not the sp
 from __future__ import annotations
 
 import pytest
-import torch
 
 import remat
-from conftest import traced
+from conftest import assert_same_loss_and_grads, traced
 from remat.core.layout import read_outside_regions
 from remat.core.views import alias_base
 from remat.planning.budget import plan_for_budget, plan_memory
 from remat.planning.plan import plan_graph
-from remat.thunder.execute import example_inputs, execute_joint
 from remat.thunder.rewrite import apply_plan
 
 LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64)
@@ -57,15 +55,7 @@ def test_it_holds_under_a_budget_too(fused):
 def test_the_kept_plan_gives_bit_identical_loss_and_gradients(fused):
     graph = remat.read_trace(fused)
     keep = plan_graph(graph, KEEP)
-    inputs = example_inputs(fused, int_high=128, dtype=torch.float32)
-    expected = execute_joint(fused, inputs, seed=1)
-    got = execute_joint(apply_plan(fused, graph, keep).trace, inputs, seed=1)
-    compared = 0
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
-        if a is not None:
-            assert torch.equal(a, b)
-            compared += 1
-    assert compared > 1
+    assert assert_same_loss_and_grads(fused, apply_plan(fused, graph, keep).trace) > 1
 
 
 def test_optimize_and_jit_take_it(fused):
@@ -127,9 +117,4 @@ def test_optimize_applies_a_plan_above_the_default_and_it_is_exact(fused):
     assert result.chosen == "remat" and result.applied
     assert result.after.peak_bytes <= default_peak * 3 and result.after.peak_bytes > default_peak
     assert any("chose the plan with the fewest extra FLOPs" in note for note in result.notes)
-    inputs = example_inputs(fused, int_high=128, dtype=torch.float32)
-    expected = execute_joint(fused, inputs, seed=1)
-    got = execute_joint(result.trace, inputs, seed=1)
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
-        if a is not None:
-            assert torch.equal(a, b)
+    assert_same_loss_and_grads(fused, result.trace)

@@ -156,8 +156,8 @@ def recompute_closure(
     return list(chosen)
 
 
-#: Per graph (dropped with it): the op nodes that stand alone, staged closures, region inputs and plan
-#: layouts already computed (the budget search lays out dozens of plans of one graph).
+#: Per graph (dropped with it): the op nodes that stand alone, staged closures, region inputs, the values
+#: read outside regions and plan layouts already computed (the budget search lays out dozens of plans of one graph).
 _MEMO: weakref.WeakKeyDictionary[FusionGraph, dict] = weakref.WeakKeyDictionary()
 
 #: Tags of ops that may fold into a region in the backward although they stood alone in the forward.
@@ -178,16 +178,19 @@ def read_outside_regions(graph: FusionGraph) -> frozenset[str]:
     ``v`` reads as the ``qkv`` it views).  Recomputing one of them cannot fuse into its reader: the
     layout gives it a region of its own before that op (module docstring), one more kernel that writes
     it to memory for the reader to load back.  ``RecomputePolicy(unfused_readers=False)`` keeps them
-    saved instead (:func:`remat.planning.problem.build_problem`)."""
-    producer_phase = {name: op.phase for op in graph.ops for name in op.outputs}
-    values: set[str] = set()
-    for op in graph.ops:
-        if op.phase != BACKWARD or op.region is not None or op.kind == RETURN_KIND:
-            continue
-        for name in op.inputs:
-            if producer_phase.get(name) == FORWARD:
-                values.add(alias_base(name, graph.tensors))
-    return frozenset(values)
+    saved instead (:func:`remat.planning.problem.build_problem`).  Once per graph (a budget search
+    builds many problems of it)."""
+    cache = _MEMO.setdefault(graph, {})
+    if "outside" not in cache:
+        producer_phase = {name: op.phase for op in graph.ops for name in op.outputs}
+        cache["outside"] = frozenset(
+            alias_base(name, graph.tensors)
+            for op in graph.ops
+            if op.phase == BACKWARD and op.region is None and op.kind != RETURN_KIND
+            for name in op.inputs
+            if producer_phase.get(name) == FORWARD
+        )
+    return cache["outside"]
 
 
 def stage_closure(

@@ -35,7 +35,7 @@ from remat.core.units import format_bytes  # noqa: F401  (re-exported: remat.cor
 from remat.core.views import alias_base
 
 __all__ = [
-    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "lifetimes", "live_at", "save_cost", "tensor_save_cost",
+    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "lifetimes", "live_at", "save_cost", "held_storage", "tensor_save_cost",
     "format_bytes",
 ]
 
@@ -186,27 +186,31 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
 def save_cost(graph: FusionGraph, name: Hashable, *, held: Collection[str] | None = None) -> int:
     """Bytes that keeping value ``name`` for the backward adds to the step.
 
-    Plain graphs give their costs (:attr:`FusionGraph.save_costs`).  For traces: nothing for forward
-    outputs (``held``, default ``graph.forward_outputs``: the caller holds them anyway) and for values
-    sharing storage with one (a held view keeps its base alive), numbers,
+    Plain graphs give their costs (:attr:`FusionGraph.save_costs`).  For traces: nothing for what the
+    caller holds anyway (``held``, from :func:`held_storage`; default: the graph's forward outputs and
+    the storage they share, since a held view keeps its base alive), numbers,
     parameters and inputs; a view costs its base's storage; a view of a parameter or input costs one
     byte: no memory, but recomputing it is free too, and that spares the regions an output and an input
     (and the trace a stand-alone view op) for nothing."""
     if graph.save_costs is not None:
         return graph.save_costs.get(name, 0)
-    return tensor_save_cost(name, graph.tensors, graph.forward_outputs if held is None else held)
+    return tensor_save_cost(name, graph.tensors, held_storage(graph.tensors, graph.forward_outputs) if held is None else held)
+
+
+def held_storage(tensors: Mapping[Hashable, Any], held: Collection[str]) -> frozenset:
+    """``held`` and the values whose storage a held view shares: what :func:`save_cost` counts as free.
+    Computed once per graph by its callers (the cost itself runs for every value of a plan)."""
+    bases = (tensors[h].alias_of for h in held if h in tensors)
+    return frozenset(held).union(base for base in bases if base is not None)
 
 
 def tensor_save_cost(name: Hashable, tensors: Mapping[Hashable, Any], held: Collection[str]) -> int:
-    """The trace rule of :func:`save_cost`, on a tensor mapping and the values the caller holds."""
+    """The trace rule of :func:`save_cost`, on a tensor mapping and what the caller holds (``held``, from
+    :func:`held_storage`: with it, keeping the base of a held view, or another view of that base, is free)."""
     info = tensors.get(name)
     if info is None:
         return 0
     if name in held or info.kind in ("number", "param", "input"):
-        return 0
-    # a held view keeps its base's storage: keeping the base (or another view of it) adds nothing
-    storage = info.alias_of or name
-    if any(h == storage or (tensors[h].alias_of if h in tensors else None) == storage for h in held):
         return 0
     if info.alias_of is not None:
         base = tensors.get(info.alias_of)

@@ -54,7 +54,7 @@ from collections.abc import Hashable, Mapping
 import networkx as nx
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit
-from remat.core.memory import tensor_save_cost
+from remat.core.memory import held_storage, tensor_save_cost
 from remat.core.ops import TAGS
 from remat.errors import GraphError
 
@@ -321,6 +321,7 @@ def plain_graph(graph: nx.DiGraph) -> tuple[FusionGraph, list[Hashable]]:
     position = {node: k for k, node in enumerate(node_ids)}
     trace_tensors: Mapping | None = graph.graph.get("tensors")
     forward_outputs = tuple(graph.graph.get("forward_outputs", ()))
+    held = held_storage(trace_tensors, forward_outputs) if trace_tensors is not None else frozenset()
     ops: list[Op] = []
     units: list[Unit] = []
     tensors: dict[Hashable, TensorInfo] = {}
@@ -339,7 +340,7 @@ def plain_graph(graph: nx.DiGraph) -> tuple[FusionGraph, list[Hashable]]:
             if op.output_costs is not None:
                 cost = op.output_costs[j]
             elif trace_tensors is not None:
-                cost = tensor_save_cost(name, trace_tensors, forward_outputs)
+                cost = tensor_save_cost(name, trace_tensors, held)
             else:
                 cost = nbytes
             save_costs[name] = cost

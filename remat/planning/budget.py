@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 
 from remat.core.ir import FORWARD, FusionGraph
 from remat.core.layout import layout_graph, plan_layout, read_outside_regions
-from remat.core.memory import MemoryBudget, MemoryProfile, lifetimes, profile_graph, save_cost
+from remat.core.memory import MemoryBudget, MemoryProfile, held_storage, lifetimes, profile_graph, save_cost
 from remat.core.policies import RecomputePolicy
 from remat.core.views import alias_base
 from remat.errors import GraphError
@@ -179,7 +179,7 @@ class _Search:
         self.recompute = recompute
         self.priced = priced
         self.solver = solver
-        self.held = set(graph.forward_outputs)
+        self.held = held_storage(graph.tensors, graph.forward_outputs)
         self.points: list[ParetoPoint] = []
         self.evaluated: dict[tuple, ParetoPoint] = {}  # every plan evaluated, by what it saves and recomputes
         self.position = {op.id: i for i, op in enumerate(graph.ops)}

@@ -30,6 +30,7 @@ import numpy as np
 
 from remat.core.ir import FORWARD, FusionGraph
 from remat.core.layout import read_outside_regions
+from remat.core.memory import held_storage
 from remat.core.memory import save_cost as value_save_cost
 from remat.core.ops import ALL_GATHER_KINDS, REGATHER_TAG, RETURN_KIND
 from remat.core.policies import RecomputePolicy
@@ -123,7 +124,7 @@ def build_problem(
     weights = weights or {}
     hazards = graph.mutation_hazards
     tensors = graph.tensors
-    held = set(graph.forward_outputs)
+    held = held_storage(tensors, graph.forward_outputs)
     values: list[str] = []
     value_index: dict[str, int] = {}
     save_cost: dict[str, int] = {}
