@@ -40,7 +40,7 @@ def executor(
     """A :class:`RematExecutor` for ``thunder.jit(fn, executors=[..., remat.executor()])``.
 
     ``runtime``: what runs the regions, ``"auto"`` (nvFuser on CUDA, else the torch reference),
-    ``"nvfuser"`` or ``"torch"``.  ``fusion``: which ops join regions (default ``FusionPolicy()``,
+    ``"nvfuser"``, ``"inductor"`` (each region compiled by ``torch.compile``) or ``"torch"``.  ``fusion``: which ops join regions (default ``FusionPolicy()``,
     matmuls outside regions).  ``memory_budget``, ``recompute``, ``solver``, ``strict``: as for
     :func:`remat.optimize`.  ``plan=False`` only forms and runs regions, with no rematerialization at
     all (neither remat's nor Thunder's): when numbers differ from eager, it tells whether the regions or

@@ -6,6 +6,8 @@ numerics, no fusion speed-up.  The function is built on the region's first call,
 planning stay cheap.
 ``"nvfuser"``: the region as an nvFuser FusionDefinition (:mod:`remat.thunder.nvfuser`), with the torch
 reference as its fallback.
+``"inductor"``: the region as one ``torch.compile``d function (:mod:`remat.thunder.inductor`: Triton
+kernels on a GPU, C++ on a CPU), with the torch reference as its fallback.
 ``"auto"``: nvFuser where it imports and CUDA is available, else torch (with one warning when nvFuser is
 installed but unusable).
 """
@@ -24,23 +26,27 @@ from thunder.core.trace import TraceCtx, tracectx
 from thunder.executors.passes import _transform_for_operator_executor_execution, del_last_used
 
 from remat.errors import warn
-from remat.thunder import nvfuser
+from remat.thunder import inductor, nvfuser
 from remat.thunder.execute import thunder_context
 
 __all__ = ["RUNTIMES", "resolve_runtime", "region_callable", "region_trace", "TorchRegionCallable"]
 
 #: The values of ``runtime=``.
-RUNTIMES = ("auto", "torch", "nvfuser")
+RUNTIMES = ("auto", "torch", "nvfuser", "inductor")
 
 
 def resolve_runtime(runtime: str) -> str:
-    """``"torch"`` or ``"nvfuser"`` for a value of ``runtime=`` (see the module docstring).  Raises
+    """``"torch"``, ``"nvfuser"`` or ``"inductor"`` for a value of ``runtime=`` (see the module docstring).  Raises
     ``ValueError`` for an unknown name and ``RuntimeError`` for ``"nvfuser"`` where it cannot run."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "nvfuser":
         if not nvfuser.available():
             raise RuntimeError("runtime='nvfuser' needs nvfuser_direct and a CUDA device; use runtime='auto' or 'torch'")
+        return runtime
+    if runtime == "inductor":
+        if not inductor.available():
+            raise RuntimeError("runtime='inductor' needs a torch build with torch.compile; use runtime='auto' or 'torch'")
         return runtime
     if runtime == "torch":
         return runtime
@@ -52,10 +58,12 @@ def resolve_runtime(runtime: str) -> str:
 
 
 def region_callable(region: BoundSymbol, runtime: str):
-    """The callable that runs ``region`` with a resolved ``runtime`` (``"torch"`` or ``"nvfuser"``)."""
+    """The callable that runs ``region`` with a resolved ``runtime`` (``"torch"``, ``"nvfuser"`` or ``"inductor"``)."""
     reference = TorchRegionCallable(region.sym.name, region.subsymbols, region.args, region.output)
     if runtime == "nvfuser":
         return nvfuser.NvFuserRegionCallable(region, fallback=reference)
+    if runtime == "inductor":
+        return inductor.InductorRegionCallable(region, reference)
     return reference
 
 
