@@ -81,7 +81,7 @@ def modes(
     return order
 
 
-def make(system: str, budget, module):
+def make(system: str, budget, module, runtime: str = "auto"):
     import torch
 
     import remat
@@ -96,7 +96,7 @@ def make(system: str, budget, module):
         from remat.thunder import nvfuser
 
         nvfuser.clear_shared_definitions()  # each row's first call compiles its own kernels
-        jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget)
+        jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget, runtime=runtime)
         return jitted, remat.executor_of(jitted)
     if system == "torch.compile":
         torch._dynamo.reset()
@@ -104,7 +104,7 @@ def make(system: str, budget, module):
     raise ValueError(system)
 
 
-def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads) -> tuple[dict, list]:
+def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads, runtime: str = "auto") -> tuple[dict, list]:
     import torch
     from gpu_memory import grads_of, relative, step
 
@@ -112,7 +112,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn, remat_executor = make(system, budget, module)
+        fn, remat_executor = make(system, budget, module, runtime)
         if system == "torch.compile":
             # the budget is read when the graph is partitioned, i.e. on the first call
             with torch._functorch.config.patch(activation_memory_budget=float(budget)):
@@ -179,8 +179,10 @@ def run(args) -> None:
         )
         if budget_from is not None:
             record["budget_from"] = budget_from
+        if system == "remat":
+            record["runtime"] = args.runtime
         try:
-            measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads)
+            measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, args.runtime)
             record.update(measured)
             if system == "eager":
                 eager_grads = grads
@@ -377,6 +379,7 @@ def plot(records: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Llama-2-7b-hf")
+    parser.add_argument("--runtime", default="auto", help="remat's runtime= (what runs its regions): auto (nvFuser), inductor")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)

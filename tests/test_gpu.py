@@ -403,6 +403,28 @@ def test_jit_training_step_matches_eager(family):
     assert_ran_on_nvfuser(region_runners(result.trace), caught)
 
 
+@pytest.mark.parametrize("family", list(JIT_MODELS))
+def test_jit_inductor_training_step_matches_eager(family):
+    """``runtime="inductor"``: every region compiled by torch.compile (Triton), none fell back."""
+    from remat.thunder.inductor import InductorRegionCallable
+
+    model, reference, idx = model_pair(family, seq=64)
+    jitted = remat.jit(model, runtime="inductor")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            loss, grads = train_step(jitted, idx)
+            expected_loss, expected_grads = train_step(reference, idx)
+            assert relative_error(loss, expected_loss) < JIT_TOLERANCE, (loss.item(), expected_loss.item())
+            for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
+                assert relative_error(g, e) < JIT_TOLERANCE, f"{name}: gradient relative error {relative_error(g, e):.3g}"
+    assert not [str(w.message) for w in caught if "rejected" in str(w.message) or issubclass(w.category, remat.OptimizationWarning)]
+    result = remat.executor_of(jitted).last_result
+    assert result is not None and result.applied, result and result.notes
+    runners = region_runners(result.trace)
+    assert runners and all(isinstance(r, InductorRegionCallable) and r.failed is None and r._compiled is not None for r in runners)
+
+
 def kv_cache_models(family: str, batch: int):
     model, reference, idx = model_pair(family, seq=32, batch=batch)
     for m in (model, reference):
