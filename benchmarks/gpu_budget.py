@@ -113,7 +113,13 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fn, remat_executor = make(system, budget, module, runtime)
-        if system == "torch.compile":
+        if system == "remat" and runtime == "inductor":
+            # regions run under no_grad (no partitioner, no budget in play): Inductor's FX-graph cache only
+            # lets identical layers' regions share kernels, as they do by default; later inductor rows of a
+            # run also find earlier rows' kernels there, so their first call is not a cold compile
+            with torch._inductor.config.patch(fx_graph_cache=True):
+                step(fn, params, idx, targets)
+        elif system == "torch.compile":
             # the budget is read when the graph is partitioned, i.e. on the first call
             with torch._functorch.config.patch(activation_memory_budget=float(budget)):
                 step(fn, params, idx, targets)
@@ -179,21 +185,25 @@ def run(args) -> None:
         )
         if budget_from is not None:
             record["budget_from"] = budget_from
-        if system == "remat":
-            record["runtime"] = args.runtime
-        try:
-            measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, args.runtime)
-            record.update(measured)
-            if system == "eager":
-                eager_grads = grads
-            if system == "torch.compile":
-                compile_peaks[str(budget)] = measured["peak_mib"]
-        except Exception as exc:  # one broken mode must not lose the others
-            record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-        torch._dynamo.reset()
-        print(json.dumps(record), flush=True)
-        with log.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        base = record
+        for runtime in args.runtime if system == "remat" else [None]:
+            record = base if runtime is None else dict(base, runtime=runtime)
+            if runtime is not None:
+                gc.collect()
+                torch.cuda.empty_cache()
+            try:
+                measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, runtime or "auto")
+                record.update(measured)
+                if system == "eager":
+                    eager_grads = grads
+                if system == "torch.compile":
+                    compile_peaks[str(budget)] = measured["peak_mib"]
+            except Exception as exc:  # one broken mode must not lose the others
+                record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            torch._dynamo.reset()
+            print(json.dumps(record), flush=True)
+            with log.open("a") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ render
@@ -221,6 +231,13 @@ def outdated(records: list[dict]) -> list[dict]:
     return [r for r in records if r["system"] == "remat" and r.get("estimated_peak_mib", float("inf")) < 0.999 * lowest["estimated_peak_mib"]]
 
 
+def variant(record: dict) -> str:
+    """The row's system as the table and the plot name it: remat rows whose regions ran on another
+    runtime than nvFuser (``--runtime inductor``) are a system of their own, ``remat (inductor)``."""
+    runtime = record.get("runtime") or "auto"
+    return record["system"] if record["system"] != "remat" or runtime == "auto" else f"remat ({runtime})"
+
+
 def _label(record: dict) -> str:
     budget = record["budget"]
     if budget is None:
@@ -235,21 +252,22 @@ def checks(records: list[dict]) -> list[str]:
     compiled = [r for r in records if r["system"] == "torch.compile" and "peak_mib" in r]
     lines = []
     # remat: monotone in the budget (budgets in falling order; "min" last)
-    ordered = sorted(remat_points, key=lambda r: _order(r["budget"]))
-    rises = [(a, b) for a, b in zip(ordered, ordered[1:]) if b["peak_mib"] > a["peak_mib"] * 1.001]
-    lines.append(
-        "- remat's measured peak is "
-        + ("**monotone** in the budget (a rise of up to 0.1% is read as allocator rounding)" if not rises else "**not monotone**: " + "; ".join(
-            f"{_label(b)} ({b['peak_mib']:.0f} MiB) above {_label(a)} ({a['peak_mib']:.0f} MiB)" for a, b in rises))
-        + f" ({len(ordered)} budgets)."
-    )
+    for name in dict.fromkeys(variant(r) for r in remat_points):  # each runtime is a frontier of its own
+        ordered = sorted((r for r in remat_points if variant(r) == name), key=lambda r: _order(r["budget"]))
+        rises = [(a, b) for a, b in zip(ordered, ordered[1:]) if b["peak_mib"] > a["peak_mib"] * 1.001]
+        lines.append(
+            f"- {name}: measured peak "
+            + ("**monotone** in the budget (a rise of up to 0.1% is read as allocator rounding)" if not rises else "**not monotone**: " + "; ".join(
+                f"{_label(b)} ({b['peak_mib']:.0f} MiB) above {_label(a)} ({a['peak_mib']:.0f} MiB)" for a, b in rises))
+            + f" ({len(ordered)} budgets)."
+        )
     errors = [(r, r["peak_mib"] / r["estimated_peak_mib"] - 1) for r in remat_points if r.get("estimated_peak_mib")]
     worst = max(errors, key=lambda item: abs(item[1]), default=None)
     if worst is not None:
         outside = [r for r, e in errors if abs(e) > ESTIMATE_TOLERANCE]
         lines.append(
-            f"- measured against estimated peak: worst {100 * worst[1]:+.2f}% (budget {_label(worst[0])}); "
-            + ("**every point within 5%**." if not outside else f"**{len(outside)} point(s) outside 5%**: " + ", ".join(_label(r) for r in outside) + ".")
+            f"- measured against estimated peak: worst {100 * worst[1]:+.2f}% ({variant(worst[0])}, budget {_label(worst[0])}); "
+            + ("**every point within 5%**." if not outside else f"**{len(outside)} point(s) outside 5%**: " + ", ".join(f"{variant(r)} {_label(r)}" for r in outside) + ".")
         )
     # domination: every torch.compile point has a remat point no higher and no slower
     beaten, unbeaten = [], []
@@ -276,7 +294,7 @@ def _nearest(target: dict, points: list[dict]) -> str:
     if not below:
         return "none at or below its peak"
     best = min(below, key=lambda r: r["step_ms"])
-    return f"at or below its peak: budget {_label(best)}, {best['peak_mib']:.0f} MiB, {best['step_ms']:.1f} ms, {best['step_ms'] / target['step_ms']:.3f} x"
+    return f"at or below its peak: {variant(best)} budget {_label(best)}, {best['peak_mib']:.0f} MiB, {best['step_ms']:.1f} ms, {best['step_ms'] / target['step_ms']:.3f} x"
 
 
 def latest_group(records: list[dict]) -> list[dict]:
@@ -286,7 +304,7 @@ def latest_group(records: list[dict]) -> list[dict]:
     for r in records:
         if "skipped" in r:
             continue
-        key = (r["system"], str(r["budget"]))
+        key = (variant(r), str(r["budget"]))
         if key not in latest or r.get("run", "") >= latest[key].get("run", ""):
             latest[key] = r
     return list(latest.values())
@@ -295,7 +313,7 @@ def latest_group(records: list[dict]) -> list[dict]:
 def render(records: list[dict], image: str | None) -> str:
     first = records[0]
     anchors = {r["system"]: r for r in records if r["system"] in ("eager", "thunder") and "peak_mib" in r}
-    default = next((r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
+    default = next((r for r in records if variant(r) == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
     lines = [
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
         f"{first['device']}; " + _runs(records) + " remat's budget is a fraction of its default plan's "
@@ -308,9 +326,9 @@ def render(records: list[dict], image: str | None) -> str:
     compiled_default = next((r for r in records if r["system"] == "torch.compile" and r["budget"] == 1.0 and "step_ms" in r), None)
     order = {"eager": 0, "thunder": 1, "torch.compile": 2, "remat": 3}
     stale = outdated(records)
-    for r in sorted(records, key=lambda r: (order.get(r["system"], 9), _order(r["budget"]))):
+    for r in sorted(records, key=lambda r: (order.get(r["system"], 9), variant(r), _order(r["budget"]))):
         if "error" in r:
-            lines.append(f"| {r['system']} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | {r.get('run', '')[-5:]} |")
+            lines.append(f"| {variant(r)} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | {r.get('run', '')[-5:]} |")
             continue
         x_default = f"{r['peak_mib'] / default['peak_mib']:.3f}" if default else "-"
         x_compiled = f"{r['step_ms'] / compiled_default['step_ms']:.3f}" if compiled_default else "-"
@@ -318,7 +336,7 @@ def render(records: list[dict], image: str | None) -> str:
         ratio = f"{r['peak_mib'] / r['estimated_peak_mib']:.4f}" if r.get("estimated_peak_mib") else "-"
         extra = f"{r['extra_tflop']:.1f} ({100 * r['extra_tflop'] / r['step_tflop']:.0f}%)" if r.get("extra_tflop") is not None else "-"
         error = f"{r['grad_rel_error']:.1e}" if r.get("grad_rel_error") is not None else "-"
-        name = f"**{r['system']}**" if r["system"] == "remat" else r["system"]
+        name = f"**{variant(r)}**" if r["system"] == "remat" else r["system"]
         if r in stale:
             name = "remat (earlier layout, see below)"
         lines.append(
@@ -355,8 +373,10 @@ def plot(records: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     stale = outdated(records)
     records = [r for r in records if r not in stale]
-    for system, style in (("remat", "o-"), ("torch.compile", "s--")):
-        points = sorted((r for r in records if r["system"] == system and "peak_mib" in r), key=lambda r: r["step_ms"])
+    systems = list(dict.fromkeys(variant(r) for r in records if r["system"] == "remat")) + ["torch.compile"]
+    for system in systems:
+        style = "s--" if system == "torch.compile" else ("o-" if system == "remat" else "D-.")
+        points = sorted((r for r in records if variant(r) == system and "peak_mib" in r), key=lambda r: r["step_ms"])
         if points:
             ax.plot([r["step_ms"] for r in points], [r["peak_mib"] / 1024 for r in points], style, label=f"{system} (budgets)")
             for r in points:
@@ -379,7 +399,8 @@ def plot(records: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Llama-2-7b-hf")
-    parser.add_argument("--runtime", default="auto", help="remat's runtime= (what runs its regions): auto (nvFuser), inductor")
+    parser.add_argument("--runtime", nargs="+", default=["auto"],
+                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor; several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)

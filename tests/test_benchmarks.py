@@ -91,3 +91,30 @@ def test_the_budget_benchmark_gives_remat_torch_compiles_measured_peak_right_aft
     # sizes (above remat's default plan) sort between the anchors and the fractions
     budgets = [None, "min", 1.0, 0.9, "10291MiB", "9000MiB"]
     assert sorted(budgets, key=gpu_budget._order) == [None, "10291MiB", "9000MiB", 1.0, 0.9, "min"]
+
+
+def test_the_budget_table_keeps_each_runtime_of_remat_a_system_of_its_own():
+    gpu_budget = load_gpu_budget()
+
+    def row(system, budget, peak, ms, runtime=None, estimate=None):
+        record = dict(model="m", layers=2, batch=4, seq=8192, device="d", run="2026-12-04T18:00", system=system,
+                      budget=budget, peak_mib=peak, step_ms=ms, first_call_s=1.0)
+        if runtime is not None:
+            record.update(runtime=runtime, estimated_peak_mib=estimate or peak)
+        return record
+
+    records = [
+        row("torch.compile", 1.0, 100.0, 10.0),
+        row("remat", 1.0, 60.0, 11.0, "auto"),
+        row("remat", 1.0, 61.0, 9.5, "inductor"),  # same plan, other kernels: must not replace the nvFuser row
+        row("remat", 0.8, 50.0, 12.0, "auto"),
+        row("remat", 0.8, 62.0, 9.8, "inductor"),  # a rise: inductor's frontier is not monotone here
+    ]
+    latest = gpu_budget.latest_group(records)
+    assert sorted(gpu_budget.variant(r) for r in latest if r["system"] == "remat") == ["remat", "remat", "remat (inductor)", "remat (inductor)"]
+    checks = "\n".join(gpu_budget.checks(latest))
+    assert "- remat: measured peak **monotone**" in checks
+    assert "- remat (inductor): measured peak **not monotone**" in checks
+    assert "dominated by a remat point (peak <= and step time <=): **1/1**" in checks
+    table = gpu_budget.render(latest, None)
+    assert "| **remat (inductor)** | 1.0 | 61 | 1.017 | 9.5 | 0.950 |" in table  # x remat default: nvFuser's 1.0 row
