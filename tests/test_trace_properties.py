@@ -35,6 +35,9 @@ trace_settings = settings(
     # the explain phase reruns a failing example ~100 times: minutes with traces, for little news
     phases=[p for p in Phase if p != Phase.explain],
 )
+# Tests that trace programs of their own (not the shared cases below) take 50 under ci: each example is a
+# Thunder trace of its own, and the suite keeps to 5 minutes on 2 cores; nightly takes them all.
+own_trace_settings = settings(trace_settings, max_examples=min(TRACE_EXAMPLES, 50) if CI else TRACE_EXAMPLES)
 # Under ci every shared trace test draws the same cases, so the cache below traces each program once.
 shared_examples = seed(20261202) if CI else (lambda test: test)
 PROGRAMS = programs(max_ops=12)
@@ -254,7 +257,7 @@ def test_any_safe_policy_keeps_numerics(case):
 NO_RANDOM_OR_CAST = [op for op in OPS if op not in ("dropout", "cast")]
 
 
-@trace_settings
+@own_trace_settings
 @given(programs(ops=NO_RANDOM_OR_CAST))
 def test_fused_trace_matches_eager_pytorch(program):
     """The fused trace (the optimizer's input) computes what eager PyTorch computes: outputs and
@@ -326,7 +329,7 @@ DROPOUT_MIX = ("dropout", "dropout", "dropout", "sin", "mul", "add", "sum", "lin
 
 
 @shared_examples
-@trace_settings
+@own_trace_settings
 @given(programs(ops=DROPOUT_MIX, max_ops=8))
 def test_dropout_programs_keep_their_masks(program):
     """Programs rich in dropout: optimized and fused traces agree bit for bit when both runs start from
