@@ -23,6 +23,10 @@ On the GPU machine (one command; about 6 minutes for the default model):
 
     source .gpu/activate.sh; python benchmarks/gpu_budget.py --model Llama-2-7b-hf --layers 2 --out $OUT
 
+``--runtime auto inductor`` measures each remat row twice in the same process, its regions run by nvFuser
+and by Inductor (``remat.jit(..., runtime=...)``); the table, the checks and the plot show
+``remat (inductor)`` as a system of its own.
+
 Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured.  Back here,
 ``python benchmarks/gpu_budget.py --render FILE.jsonl [--write]`` prints the table and the checks of
 issue 15 (remat's measured peak monotone in the budget and within 5% of its estimate; every
