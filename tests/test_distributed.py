@@ -134,92 +134,104 @@ def _collective_facts(traces) -> tuple[list[tuple[str, tuple[int, ...]]], list[s
     return run, in_regions
 
 
-def _thunder_fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, strategies: tuple[str, ...]) -> None:
-    """Both strategies in one pair of processes: spawning and importing Thunder is most of the time."""
+def _worker(rank: int, world_size: int, port: int, out_dir: str, strategies: tuple[str, ...]) -> None:
+    """Every distributed run of this file in one pair of processes (spawning them and importing Thunder is
+    most of the time): ``thunder.distributed.fsdp`` with both strategies, then FSDP2 under ThunderFX."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     import warnings
 
     import remat.thunder  # noqa: F401  (the compat bridge before Thunder: torch 2.13 needs it)
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's all_gather_into_tensor renaming
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = {"thunder_fsdp": _thunder_fsdp_facts(rank, world_size, strategies), "fsdp2": _fsdp2_facts(rank, world_size)}
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _thunder_fsdp_facts(rank: int, world_size: int, strategies: tuple[str, ...]) -> dict:
     import thunder
     from thunder.distributed import FSDPType, fsdp
 
     import remat
     from remat.planning.budget import plan_memory
 
-    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's all_gather_into_tensor renaming
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(100 + rank)  # each rank its own batch
-        x = torch.randn(2, 8, 16)
+    torch.manual_seed(100 + rank)  # each rank its own batch
+    x = torch.randn(2, 8, 16)
 
-        # eager PyTorch on the unsharded model: the gradient FSDP shards is the mean over ranks
-        eager = _model()
-        loss = eager(x).pow(2).mean()
+    # eager PyTorch on the unsharded model: the gradient FSDP shards is the mean over ranks
+    eager = _model()
+    loss = eager(x).pow(2).mean()
+    loss.backward()
+    result: dict = {"eager": {"loss": loss.detach()}}
+    grads = {}
+    for name, p in eager.named_parameters():
+        g = p.grad.detach().clone()
+        dist.all_reduce(g)
+        shard = g.shape[0] // world_size  # Thunder's FSDP shards dimension 0 in contiguous chunks
+        grads[name] = (g / world_size).narrow(0, shard * rank, shard)
+    result["eager"]["grads"] = grads
+
+    variants = {
+        "thunder": None,
+        "remat": remat.executors(runtime="torch"),
+        "remat_permissive": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(**PERMISSIVE)),
+        # ZeRO3's meaning: re-gather parameters in the backward instead of keeping them unsharded
+        "remat_regather": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(regather_parameters=True)),
+    }
+    runs = [(s, v) for s in strategies for v in variants if v != "remat_regather" or s == "ZERO3"]
+    for strategy, variant in runs:
+        executors = variants[variant]
+        options = {} if executors is None else {"executors": executors}
+        model = fsdp(thunder.jit(_model(), **options), device=torch.device("cpu"),
+                     sharding_strategy=getattr(FSDPType, strategy))
+        loss = model(x).pow(2).mean()
         loss.backward()
-        result: dict = {"eager": {"loss": loss.detach()}}
-        grads = {}
-        for name, p in eager.named_parameters():
-            g = p.grad.detach().clone()
-            dist.all_reduce(g)
-            shard = g.shape[0] // world_size  # Thunder's FSDP shards dimension 0 in contiguous chunks
-            grads[name] = (g / world_size).narrow(0, shard * rank, shard)
-        result["eager"]["grads"] = grads
-
-        variants = {
-            "thunder": None,
-            "remat": remat.executors(runtime="torch"),
-            "remat_permissive": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(**PERMISSIVE)),
-            # ZeRO3's meaning: re-gather parameters in the backward instead of keeping them unsharded
-            "remat_regather": remat.executors(runtime="torch", recompute=remat.RecomputePolicy(regather_parameters=True)),
+        run, in_regions = _collective_facts([thunder.last_traces(model)[-1], thunder.last_backward_traces(model)[-1]])
+        facts = {
+            "loss": loss.detach(),
+            "grads": {name: p.grad.detach().clone() for name, p in model.named_parameters()},
+            "collectives_run": run,
+            "collectives_in_regions": in_regions,
         }
-        runs = [(s, v) for s in strategies for v in variants if v != "remat_regather" or s == "ZERO3"]
-        for strategy, variant in runs:
-            executors = variants[variant]
-            options = {} if executors is None else {"executors": executors}
-            model = fsdp(thunder.jit(_model(), **options), device=torch.device("cpu"),
-                         sharding_strategy=getattr(FSDPType, strategy))
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            run, in_regions = _collective_facts([thunder.last_traces(model)[-1], thunder.last_backward_traces(model)[-1]])
-            facts = {
-                "loss": loss.detach(),
-                "grads": {name: p.grad.detach().clone() for name, p in model.named_parameters()},
-                "collectives_run": run,
-                "collectives_in_regions": in_regions,
-            }
-            if executors is not None:
-                planned = executors[-1].last_result  # remat's executor is the last of remat.executors()
-                graph = planned.graph
-                distributed_ops = [op for op in graph.ops if op.kind in DISTRIBUTED_KINDS]
-                facts.update(
-                    chosen=planned.chosen,
-                    recomputed=[(graph.ops[i].kind, sorted(graph.ops[i].tags)) for i in planned.plan.recomputed_ops],
-                    distributed_ops=[(op.kind, sorted(op.tags), op.side_effect, op.fusible) for op in distributed_ops],
-                    # each distributed op with the kind of what it reads (a parameter, an activation, a future)
-                    distributed_reads=[
-                        (op.kind, "regather" in op.tags, [graph.tensors[n].kind if n in graph.tensors else None for n in op.inputs])
-                        for op in distributed_ops
-                    ],
-                    saved_bytes=planned.after.saved_bytes,
-                    # the budget search's estimate of the plan (the layout simulated) and the rewritten trace's
-                    simulated_peak=plan_memory(graph, planned.plan).peak_bytes,
-                    trace_peak=planned.after.peak_bytes,
-                )
-            result[(strategy, variant)] = facts
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+        if executors is not None:
+            planned = executors[-1].last_result  # remat's executor is the last of remat.executors()
+            graph = planned.graph
+            distributed_ops = [op for op in graph.ops if op.kind in DISTRIBUTED_KINDS]
+            facts.update(
+                chosen=planned.chosen,
+                recomputed=[(graph.ops[i].kind, sorted(graph.ops[i].tags)) for i in planned.plan.recomputed_ops],
+                distributed_ops=[(op.kind, sorted(op.tags), op.side_effect, op.fusible) for op in distributed_ops],
+                # each distributed op with the kind of what it reads (a parameter, an activation, a future)
+                distributed_reads=[
+                    (op.kind, "regather" in op.tags, [graph.tensors[n].kind if n in graph.tensors else None for n in op.inputs])
+                    for op in distributed_ops
+                ],
+                saved_bytes=planned.after.saved_bytes,
+                # the budget search's estimate of the plan (the layout simulated) and the rewritten trace's
+                simulated_peak=plan_memory(graph, planned.plan).peak_bytes,
+                trace_peak=planned.after.peak_bytes,
+            )
+        result[(strategy, variant)] = facts
+    return result
 
 
 @pytest.fixture(scope="module")
-def thunder_fsdp_runs() -> list[dict]:
-    """One pair of processes for every ``thunder.distributed.fsdp`` test (spawning and importing Thunder
-    is most of the time): both strategies with Thunder's executors and remat's, and ZeRO3 with
-    ``RecomputePolicy(regather_parameters=True)``; each rank's facts, by rank."""
+def spawned_runs() -> list[dict]:
+    """One pair of processes for every distributed test (:func:`_worker`); each rank's facts, by rank."""
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("needs torch.distributed with the gloo backend")
-    return _spawn(_thunder_fsdp_worker, ("ZERO2", "ZERO3"))
+    return _spawn(_worker, ("ZERO2", "ZERO3"))
+
+
+@pytest.fixture(scope="module")
+def thunder_fsdp_runs(spawned_runs) -> list[dict]:
+    """``thunder.distributed.fsdp``: both strategies with Thunder's executors and remat's, and ZeRO3 with
+    ``RecomputePolicy(regather_parameters=True)``; each rank's facts, by rank."""
+    return [r["thunder_fsdp"] for r in spawned_runs]
 
 
 @needs_gloo
@@ -329,12 +341,7 @@ def _added_to(base: list, extended: list) -> list | None:
 
 
 # ----------------------------------------------------------------------------- PyTorch FSDP2 + ThunderFX
-def _fsdp2_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
-    import warnings
-
-    import remat.thunder  # noqa: F401  (the compat bridge before Thunder: torch 2.13 needs it)
+def _fsdp2_facts(rank: int, world_size: int) -> dict:
     import torch._dynamo
     from thunder.dynamo import ThunderCompiler
     from torch.distributed.device_mesh import init_device_mesh
@@ -342,58 +349,53 @@ def _fsdp2_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
     import remat
 
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
-        torch.manual_seed(100 + rank)
-        x = torch.randn(2, 8, 16)
-        result: dict = {}
-        for reshard in (False, True):  # ZeRO2-like (keep unsharded after forward) and ZeRO3-like
-            for variant in ("eager", "thunderfx", "remat"):
-                model = _model()
-                for block in model:  # one FSDP2 unit per block, as Thunder's benchmark_litgpt does
-                    fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-                fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-                planned: list = []
-                if variant == "eager":
-                    run = model
-                else:
-                    torch._dynamo.reset()
-                    executors = remat.executors(runtime="torch") if variant == "remat" else None
-                    if executors is not None:  # keep every graph's Result (the executor keeps the last only)
-                        ex, optimize = executors[-1], executors[-1].optimizer
-                        ex.optimizer = lambda trace, optimize=optimize, planned=planned: planned.append(optimize(trace)) or planned[-1]
-                    backend = ThunderCompiler(**({} if executors is None else {"executors": executors}))
-                    run = torch._dynamo.optimize(backend=backend)(model)
-                loss = run(x).pow(2).mean()
-                loss.backward()
-                facts = {
-                    "loss": loss.detach(),
-                    "grads": {name: p.grad.to_local().detach().clone() for name, p in model.named_parameters()},
-                }
-                if variant == "remat":
-                    facts["graphs"] = [
-                        {
-                            "chosen": r.chosen,
-                            "recomputed": len(r.plan.recomputed_ops),
-                            "saved_inputs": [n for n in r.plan.saved if r.graph.tensors[n].kind in ("param", "input")],
-                            "inputs": sum(1 for t in r.graph.tensors.values() if t.kind in ("param", "input")),
-                        }
-                        for r in planned
-                    ]
-                result[(reshard, variant)] = facts
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(100 + rank)
+    x = torch.randn(2, 8, 16)
+    result: dict = {}
+    for reshard in (False, True):  # ZeRO2-like (keep unsharded after forward) and ZeRO3-like
+        for variant in ("eager", "thunderfx", "remat"):
+            model = _model()
+            for block in model:  # one FSDP2 unit per block, as Thunder's benchmark_litgpt does
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            planned: list = []
+            if variant == "eager":
+                run = model
+            else:
+                torch._dynamo.reset()
+                executors = remat.executors(runtime="torch") if variant == "remat" else None
+                if executors is not None:  # keep every graph's Result (the executor keeps the last only)
+                    ex, optimize = executors[-1], executors[-1].optimizer
+                    ex.optimizer = lambda trace, optimize=optimize, planned=planned: planned.append(optimize(trace)) or planned[-1]
+                backend = ThunderCompiler(**({} if executors is None else {"executors": executors}))
+                run = torch._dynamo.optimize(backend=backend)(model)
+            loss = run(x).pow(2).mean()
+            loss.backward()
+            facts = {
+                "loss": loss.detach(),
+                "grads": {name: p.grad.to_local().detach().clone() for name, p in model.named_parameters()},
+            }
+            if variant == "remat":
+                facts["graphs"] = [
+                    {
+                        "chosen": r.chosen,
+                        "recomputed": len(r.plan.recomputed_ops),
+                        "saved_inputs": [n for n in r.plan.saved if r.graph.tensors[n].kind in ("param", "input")],
+                        "inputs": sum(1 for t in r.graph.tensors.values() if t.kind in ("param", "input")),
+                    }
+                    for r in planned
+                ]
+            result[(reshard, variant)] = facts
+    return result
 
 
 @needs_gloo
-def test_fsdp2_thunderfx_with_remat_matches_thunderfx():
+def test_fsdp2_thunderfx_with_remat_matches_thunderfx(spawned_runs):
     """PyTorch FSDP2 (``fully_shard`` per block, resharding after forward or not) under ThunderFX: remat
     plans each block's graph (parameters arrive unsharded as graph inputs and are never counted as saved
     by remat); loss and gradient shards equal ThunderFX without remat, and eager FSDP2."""
-    results = _spawn(_fsdp2_worker)
+    results = [r["fsdp2"] for r in spawned_runs]
     for rank, result in enumerate(results):
         for reshard in (False, True):
             where = f"rank {rank}, reshard_after_forward={reshard}"
