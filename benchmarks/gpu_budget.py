@@ -113,6 +113,11 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     from gpu_memory import grads_of, relative, step
 
     record: dict = {}
+    for p in params:  # the previous mode's gradients are not this mode's memory
+        p.grad = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    reserved_at_start = torch.cuda.memory_reserved()
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -140,6 +145,8 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     record["peak_mib"] = statistics.median(s[2] for s in samples) / MIB
     record["peak_spread_mib"] = (max(s[2] for s in samples) - min(s[2] for s in samples)) / MIB
     record["saved_mib"] = statistics.median(s[3] for s in samples) / MIB
+    # device memory the step holds (the allocator's reserved peak, CUDA graph pools included; gpu_memory.step)
+    record["held_mib"] = (statistics.median(s[4] for s in samples) - reserved_at_start) / MIB
     if remat_executor is not None and remat_executor.last_result is not None:
         result = remat_executor.last_result
         record["estimated_peak_mib"] = result.after.peak_bytes / MIB
@@ -329,17 +336,19 @@ def render(records: list[dict], image: str | None) -> str:
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
         f"{first['device']}; " + _runs(records) + " remat's budget is a fraction of its default plan's "
         "estimated peak; torch.compile's is `activation_memory_budget` (a fraction of the saved bytes of its default "
-        "partition). Peak = max allocated during the step minus allocated at its start (the weights).",
+        "partition). Peak = max allocated during the step minus allocated at its start (the weights); held = the "
+        "allocator's reserved peak during a step minus what it reserved before the mode (its caching included; '-': "
+        "runs before that column).",
         "",
-        "| system | budget | peak MiB | x remat default | step ms | x torch.compile 1.0 | remat's estimate MiB | measured / estimate | extra TFLOP (estimated) | grad rel. error | first call s | run (UTC) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | budget | peak MiB | held MiB | x remat default | step ms | x torch.compile 1.0 | remat's estimate MiB | measured / estimate | extra TFLOP (estimated) | grad rel. error | first call s | run (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     compiled_default = next((r for r in records if r["system"] == "torch.compile" and r["budget"] == 1.0 and "step_ms" in r), None)
     order = {"eager": 0, "thunder": 1, "torch.compile": 2, "remat": 3}
     stale = outdated(records)
     for r in sorted(records, key=lambda r: (order.get(r["system"], 9), variant(r), _order(r["budget"]))):
         if "error" in r:
-            lines.append(f"| {variant(r)} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | {r.get('run', '')[-5:]} |")
+            lines.append(f"| {variant(r)} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | | {r.get('run', '')[-5:]} |")
             continue
         x_default = f"{r['peak_mib'] / default['peak_mib']:.3f}" if default else "-"
         x_compiled = f"{r['step_ms'] / compiled_default['step_ms']:.3f}" if compiled_default else "-"
@@ -347,11 +356,12 @@ def render(records: list[dict], image: str | None) -> str:
         ratio = f"{r['peak_mib'] / r['estimated_peak_mib']:.4f}" if r.get("estimated_peak_mib") else "-"
         extra = f"{r['extra_tflop']:.1f} ({100 * r['extra_tflop'] / r['step_tflop']:.0f}%)" if r.get("extra_tflop") is not None else "-"
         error = f"{r['grad_rel_error']:.1e}" if r.get("grad_rel_error") is not None else "-"
+        held = f"{r['held_mib']:.0f}" if "held_mib" in r else "-"
         name = f"**{variant(r)}**" if r["system"] == "remat" else r["system"]
         if r in stale:
             name = "remat (earlier layout, see below)"
         lines.append(
-            f"| {name} | {_label(r)} | {r['peak_mib']:.0f} | {x_default} | {r['step_ms']:.1f} | {x_compiled} | {estimate} | {ratio} | {extra} | {error} | {r['first_call_s']:.0f} | {r.get('run', '')[-5:]} |"
+            f"| {name} | {_label(r)} | {r['peak_mib']:.0f} | {held} | {x_default} | {r['step_ms']:.1f} | {x_compiled} | {estimate} | {ratio} | {extra} | {error} | {r['first_call_s']:.0f} | {r.get('run', '')[-5:]} |"
         )
     if stale:
         lines += ["", "Rows marked *earlier layout* (" + ", ".join(_label(r) for r in stale) + ") are plans the current code no longer "

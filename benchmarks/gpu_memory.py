@@ -20,7 +20,9 @@ most issue 18 lets remat use: the room above remat's default plan buys fewer ker
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
 ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()`` minus memory allocated at step
-start; "saved" = memory allocated after the forward minus at step start; medians of ``--steps`` steps
+start; "held" = ``torch.cuda.max_memory_reserved()`` during a step minus what was reserved before the
+mode's first call (the device memory the mode takes, CUDA graph pools included, which "peak" misses:
+they are reserved at capture); "saved" = memory allocated after the forward minus at step start; medians of ``--steps`` steps
 after 2 warm-up steps.  Loss and gradients are compared with eager (bf16: relative norm error).
 
 On the GPU machine:
@@ -142,7 +144,10 @@ def step(fn, params, idx, targets):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() - start_mem
-    return loss.detach(), seconds, peak, after_forward - start_mem
+    # what the caching allocator held at most during the step, CUDA graph pools included (those are
+    # reserved at capture and stay so: they are not in ``peak``, which counts from the step's start)
+    held = torch.cuda.max_memory_reserved()
+    return loss.detach(), seconds, peak, after_forward - start_mem, held
 
 
 def grads_of(params):
@@ -168,8 +173,11 @@ def run(args) -> None:
     eager_loss, eager_grads = None, None
     compile_peak_mib = None
     for mode in args.modes:
+        for p in params:  # the previous mode's gradients: freed, not counted in this mode's start
+            p.grad = None
         gc.collect()
         torch.cuda.empty_cache()
+        reserved_at_start = torch.cuda.memory_reserved()  # the weights (and inputs), nothing cached
         record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name(), run=RUN)
         try:
             t0 = time.perf_counter()
@@ -187,6 +195,7 @@ def run(args) -> None:
             record["step_ms"] = 1e3 * statistics.median(s[1] for s in samples)
             record["peak_mib"] = statistics.median(s[2] for s in samples) / MIB
             record["saved_mib"] = statistics.median(s[3] for s in samples) / MIB
+            record["held_mib"] = (statistics.median(s[4] for s in samples) - reserved_at_start) / MIB
             if mode == "torch.compile":
                 compile_peak_mib = record["peak_mib"]
             if remat_executor is not None and remat_executor.last_result is not None:
@@ -209,6 +218,10 @@ def run(args) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def _held(record: dict) -> str:
+    return f"{record['held_mib']:.1f}" if "held_mib" in record else "-"
+
+
 def render(path: str) -> str:
     records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     # each (config, layers, seq) shows the modes of its latest run only, so every ratio compares
@@ -224,8 +237,8 @@ def render(path: str) -> str:
             groups.setdefault(key, {})[r["mode"]] = r
     groups = dict(sorted(groups.items(), key=lambda item: (item[0][1], item[0][0] != "stablecode-completion-alpha-3b", item[0][0])))
     lines = [
-        "| config | layers | mode | step ms | peak MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | first call s | first call x Thunder | loss / grad rel. error vs eager |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | layers | mode | step ms | peak MiB | held MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | first call s | first call x Thunder | loss / grad rel. error vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, layers, seq), modes in groups.items():
         thunder = modes.get("thunder", {})
@@ -235,7 +248,7 @@ def render(path: str) -> str:
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | | | |")
+                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | | | | |")
                 continue
 
             def ratio(key, base):
@@ -245,7 +258,7 @@ def render(path: str) -> str:
             name = f"**{mode}**" if mode.startswith("remat") else mode
             first_call = f"{r['first_call_s']:.1f} | {ratio('first_call_s', thunder)}" if "first_call_s" in r else "- | -"
             lines.append(
-                f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {r['saved_mib']:.1f} "
+                f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {_held(r)} | {r['saved_mib']:.1f} "
                 f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} "
                 f"| {first_call} | {errors} |"
             )
@@ -269,7 +282,14 @@ def render(path: str) -> str:
         notes.append(
             "- remat+cudagraphs: its peak is not comparable with the other rows: the CUDA graphs' memory pool is "
             "allocated when the graphs are captured (first call) and stays allocated, so most of the step's "
-            "memory is already counted at step start and not in the peak above it"
+            "memory is already counted at step start and not in the peak above it; *held* (below) counts it"
+        )
+    if any("held_mib" in r for modes in groups.values() for r in modes.values()):
+        notes.append(
+            "- held MiB: the most the caching allocator reserved during a step (CUDA graph pools included) minus what "
+            "it reserved before the mode's first call (the weights): the device memory the step takes from others, "
+            "comparable across every mode; above peak by the allocator's caching and fragmentation ('-': a run before "
+            "this column)"
         )
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."

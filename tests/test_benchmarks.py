@@ -36,8 +36,23 @@ def test_each_group_shows_its_latest_run_only(tmp_path):
     assert [row.split("|")[3].strip() for row in rows] == ["thunder", "**remat**"]  # no row of the older run
     remat_row = rows[1].split("|")
     assert remat_row[4].strip() == "11.00"
-    assert remat_row[7].strip() == "0.600" and remat_row[8].strip() == "0.917"  # against the same run's Thunder
+    assert remat_row[6].strip() == "-"  # held: not recorded by runs before that column
+    assert remat_row[8].strip() == "0.600" and remat_row[9].strip() == "0.917"  # against the same run's Thunder
     assert "started 2026-12-02T15:20 UTC" in table
+
+
+def test_held_memory_counts_a_cuda_graph_pool_that_peak_does_not(tmp_path):
+    graphs = record("remat+cudagraphs", 9.0, 5.0, run="2026-12-04T18:00")
+    graphs["held_mib"] = 80.0  # the pool, reserved at capture: in held, not in the step's peak
+    plain = record("remat", 10.0, 60.0, run="2026-12-04T18:00")
+    plain["held_mib"] = 64.0
+    path = tmp_path / "gpu_memory.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (plain, graphs)))
+    table = load_gpu_memory().render(str(path))
+    rows = {row.split("|")[3].strip(): row.split("|") for row in table.splitlines() if row.startswith("| m |")}
+    assert rows["**remat+cudagraphs**"][5].strip() == "5.0" and rows["**remat+cudagraphs**"][6].strip() == "80.0"
+    assert rows["**remat**"][6].strip() == "64.0"
+    assert "*held* (below) counts it" in table
 
 
 def load_benchmark(name):
@@ -117,4 +132,4 @@ def test_the_budget_table_keeps_each_runtime_of_remat_a_system_of_its_own():
     assert "- remat (inductor): measured peak **not monotone**" in checks
     assert "dominated by a remat point (peak <= and step time <=): **1/1**" in checks
     table = gpu_budget.render(latest, None)
-    assert "| **remat (inductor)** | 1.0 | 61 | 1.017 | 9.5 | 0.950 |" in table  # x remat default: nvFuser's 1.0 row
+    assert "| **remat (inductor)** | 1.0 | 61 | - | 1.017 | 9.5 | 0.950 |" in table  # x remat default: nvFuser's 1.0 row
