@@ -113,7 +113,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     from gpu_memory import grads_of, relative, step
 
     record: dict = {}
-    for p in params:  # the previous mode's gradients are not this mode's memory
+    for p in params:  # the previous mode's gradients are not this mode's memory (each mode starts empty)
         p.grad = None
     gc.collect()
     torch.cuda.empty_cache()
@@ -188,8 +188,6 @@ def run(args) -> None:
         if time.perf_counter() - started > args.deadline:
             print(json.dumps(dict(system=system, budget=budget, skipped=f"past --deadline {args.deadline:.0f} s")), flush=True)
             continue
-        gc.collect()
-        torch.cuda.empty_cache()
         record = dict(
             model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, system=system, budget=budget,
             device=torch.cuda.get_device_name(), run=RUN,
@@ -199,9 +197,6 @@ def run(args) -> None:
         base = record
         for runtime in args.runtime if system == "remat" else [None]:
             record = base if runtime is None else dict(base, runtime=runtime)
-            if runtime is not None:
-                gc.collect()
-                torch.cuda.empty_cache()
             try:
                 measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, runtime or "auto")
                 record.update(measured)
