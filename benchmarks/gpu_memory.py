@@ -12,7 +12,9 @@ kernels as CUDA graphs to remove host overhead; its graphs keep a memory pool of
 ``remat-nosplit`` (Thunder's ``thunderfx_disable_split_autograd``: its autograd glue as one
 ``torch.autograd.Function`` instead of two, which spares a meta-device ``randn`` each way) and
 ``remat-inductor`` (remat's plan with its regions compiled by ``torch.compile``, Triton kernels, instead of
-nvFuser: ``runtime="inductor"``) and
+nvFuser: ``runtime="inductor"``) and ``remat-nohost`` / ``remat-inductor-nohost`` (the same with
+``RecomputePolicy(host_recompute=False)``: every recomputation for a stand-alone backward reader in a
+region of its own, as before hosting) and
 ``remat@0.8x-torch.compile-peak`` (remat with a memory budget of 0.8 x torch.compile's measured peak, the
 most issue 18 lets remat use: the room above remat's default plan buys fewer kernels; list it after
 ``torch.compile``).
@@ -59,7 +61,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 #: there): room above remat's default plan buys fewer kernels (remat.planning.budget); needs the
 #: torch.compile mode measured earlier in the same run
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -114,6 +116,10 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         return jitted, remat.executor_of(jitted)
     if mode == "remat-inductor":  # issue 18: Triton kernels for remat's regions
         jitted = remat.jit(module, runtime="inductor")
+        return jitted, remat.executor_of(jitted)
+    if mode in ("remat-nohost", "remat-inductor-nohost"):  # every recomputation for a stand-alone reader in a region of its own
+        runtime = "inductor" if "inductor" in mode else "auto"
+        jitted = remat.jit(module, recompute=remat.RecomputePolicy(host_recompute=False), runtime=runtime)
         return jitted, remat.executor_of(jitted)
     if mode == "remat-thunder-attention":  # remat's plan with Thunder's attention kernels (flash)
         jitted = remat.jit(module, attention="thunder")

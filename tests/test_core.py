@@ -87,7 +87,8 @@ def test_two_small_reads_versus_one_large_producer(r_bytes, s_bytes, saved):
     assert plans[0].saved_bytes == plans[1].saved_bytes == min(r_bytes + s_bytes, 100)
 
 
-def test_gelu_is_recomputed_in_a_new_region_before_the_backward_matmul():
+@pytest.mark.parametrize("host", [False, True], ids=["own-region", "hosted"])
+def test_gelu_is_recomputed_in_a_backward_region_before_the_backward_matmul(host):
     def mlp(x, w1, w2):
         return F.linear(F.gelu(F.linear(x, w1)), w2)
 
@@ -95,7 +96,7 @@ def test_gelu_is_recomputed_in_a_new_region_before_the_backward_matmul():
     w1 = torch.randn(64, 16, dtype=torch.float64, requires_grad=True)
     w2 = torch.randn(16, 64, dtype=torch.float64, requires_grad=True)
     fused = remat.fuse(remat.training_trace(mlp, x, w1, w2))
-    res = remat.optimize(fused, strict=True)
+    res = remat.optimize(fused, strict=True, recompute=remat.RecomputePolicy(host_recompute=host))
     graph = res.graph
     # Only the first linear's output is kept; gelu's output is recomputed.
     assert len(res.plan.saved) == 1
@@ -106,15 +107,22 @@ def test_gelu_is_recomputed_in_a_new_region_before_the_backward_matmul():
     backward_start = names.index("get_grad")
     regions_after = [i for i, b in enumerate(bsyms) if b.sym.is_fusion and i > backward_start]
     recompute = [i for i in regions_after if any(s.sym.name == "erf" for s in bsyms[i].subsymbols)]
-    assert recompute, "no backward region recomputes gelu"
+    assert len(recompute) == (1 if host else 2), "gelu is recomputed once, plus gelu's backward"
     first = recompute[0]
-    # The new region writes gelu under a fresh name, read (through a reshape view) by a matmul.
-    (out,) = bsyms[first].flat_proxy_outs
-    assert all(out.name not in {p.name for p in b.flat_proxy_outs} for b in bsyms[:backward_start])
-    reader = next(b for b in bsyms[first + 1 :] if out.name in {p.name for p in b.flat_proxy_args})
-    view_out = reader.flat_proxy_outs[0].name
+    # The region writes gelu under a fresh name, read (through a reshape view) by the weight-grad matmul
+    # that comes after it. Own region: it writes only that. Hosted: gelu's backward (erf again) rides
+    # in the same region, moved up to before the matmul, and the region writes the input-grad too.
+    outs = bsyms[first].flat_proxy_outs
+    assert len(outs) == (2 if host else 1)
+    readers = {
+        out.name: next((b for b in bsyms[first + 1 :] if out.name in {p.name for p in b.flat_proxy_args}), None)
+        for out in outs
+    }
+    gelu_out = next(name for name, b in readers.items() if b is not None and b.sym.name == "reshape")
+    assert all(gelu_out not in {p.name for p in b.flat_proxy_outs} for b in bsyms[:backward_start])
+    view_out = readers[gelu_out].flat_proxy_outs[0].name
     consumer = next(b for b in bsyms if view_out in {p.name for p in b.flat_proxy_args})
-    assert reader.sym.name == "reshape" and consumer.sym.name == "matmul"
+    assert consumer.sym.name == "matmul"
 
     # Thunder's own pass cannot place gelu there and keeps more.
     from remat.thunder.execute import thunder_context

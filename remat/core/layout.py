@@ -15,7 +15,8 @@ The new joint trace is such that
   a backward *region* takes the recomputing ops at its start (they are fused with it); a stand-alone
   backward op (a matmul, an attention backward, a view) gets a new small region placed right before
   it, whose outputs carry fresh names (a region output reusing a forward name would make Thunder's
-  split treat the region as forward);
+  split treat the region as forward), unless a later backward region that recomputes from the same
+  saved inputs can move up before it and write those values too (:func:`host_recomputations`);
 * recomputation is placed per consuming unit, so a recomputed value never lives longer than the unit
   that reads it (the price is repeated FLOPs when several units read it, reported in ``extra_flops``),
   except for ops that stand alone (next point): one is re-issued once, for the first backward unit in
@@ -41,18 +42,19 @@ from __future__ import annotations
 import re
 import weakref
 from collections import ChainMap
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
+from remat.core.memory import lifetimes, profile_graph
 from remat.core.ops import ALWAYS_VIEW_PRIMS, RETURN_KIND, VIEW_PRIMS
 from remat.core.views import alias_base, region_views
 
 __all__ = [
     "UnitEdit", "RecomputeStage", "Layout", "PlanLike", "plan_layout", "layout_graph", "region_io",
     "recompute_closure", "stands_alone", "stage_closure", "RegionNames", "region_name",
-    "read_outside_regions",
+    "read_outside_regions", "host_recomputations",
 ]
 
 Node = TypeVar("Node", bound=Hashable)
@@ -111,6 +113,13 @@ class UnitEdit:
     for the two recompute actions, what runs before the unit (and before that new region) when the
     recomputation re-runs stand-alone ops; ``recompute`` is then the rest (:func:`stage_closure`).
     ``hoisted``: op nodes of the (resulting) region written after it as stand-alone views.
+
+    Hosted recomputation (:func:`host_recomputations`): a ``recompute_before`` edit with ``host`` set runs
+    no region of its own; the backward region ``host`` (a unit index) runs first, moved up to just
+    before this unit, and writes fresh copies of this edit's ``reads`` besides its own outputs.  That
+    region's edit is a ``recompute_into`` whose ``recompute`` holds both recomputations (shared ops
+    once), whose ``exports`` are the values it copies out and whose ``moved_before`` is this unit's
+    index (it is written there, not at its own place).
     """
 
     index: int
@@ -121,6 +130,9 @@ class UnitEdit:
     reads: tuple[str, ...] = ()
     hoisted: tuple[int, ...] = ()
     stages: tuple[RecomputeStage, ...] = ()
+    host: int | None = None
+    exports: tuple[str, ...] = ()
+    moved_before: int | None = None
 
     @property
     def recomputed(self) -> tuple[int, ...]:
@@ -378,22 +390,27 @@ def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str],
     return tuple(hoisted)
 
 
-def plan_layout(graph: FusionGraph, plan: PlanLike, *, reissue_once: bool = True) -> Layout:
+def plan_layout(graph: FusionGraph, plan: PlanLike, *, reissue_once: bool = True, host: bool | None = None) -> Layout:
     """Decide, unit by unit, how the trace changes under ``plan`` (see :class:`UnitEdit`).
 
     ``reissue_once``: a recomputed stand-alone op runs once, for the first backward unit that needs it,
     and its output lives until its last reader (fewer FLOPs); False re-issues it for every unit that
     needs it, so no output outlives its unit (a lower peak where such outputs would span the peak; the
-    budget search keeps both for the plan with the lowest peak)."""
+    budget search keeps both for the plan with the lowest peak).  ``host``: run recomputations for
+    stand-alone readers inside a later backward region that reads the same inputs
+    (:func:`host_recomputations`); by default the plan's ``RecomputePolicy.host_recompute`` (True)."""
     if graph.ops is None:
         raise ValueError("plan_layout needs a FusionGraph with operations (remat.read_trace(trace))")
+    if host is None:
+        host = getattr(getattr(plan, "recompute", None), "host_recompute", True)
     saved, recomputed = frozenset(plan.saved), frozenset(plan.recomputed_values)
     # the budget search meets the same plan several times (sweep, peak rounds, interpolation); a layout
     # depends on nothing else, and is immutable
     cache = _MEMO.setdefault(graph, {})
-    key = ("layout", saved, recomputed, reissue_once)
+    key = ("layout", saved, recomputed, reissue_once, host)
     if key not in cache:
-        cache[key] = _lay_out(graph, saved, recomputed, reissue_once)
+        layout = _lay_out(graph, saved, recomputed, reissue_once)
+        cache[key] = host_recomputations(graph, layout, saved) if host else layout
     return cache[key]
 
 
@@ -481,13 +498,118 @@ def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[st
     return Layout(tuple(edits[u.index] for u in graph.units), extra_flops)
 
 
+#: How many units after a stand-alone reader :func:`host_recomputations` looks for a host region (in
+#: LitGPT the region that shares the reader's recomputation comes two to four units later).
+HOST_WINDOW = 8
+
+
+def host_recomputations(graph: FusionGraph, layout: Layout, saved: Collection[str]) -> Layout:
+    """``layout`` with recomputations for stand-alone backward readers run inside a backward region
+    that follows the reader and recomputes from the same inputs, when that region can move up to just
+    before the reader (see :class:`UnitEdit`), and the estimated peak does not rise.
+
+    Why: a value recomputed for a reader outside every region (a weight gradient's matmul reading a
+    layer norm's or an activation function's output) gets a region of its own, which reads the saved
+    inputs, writes the value and is one more kernel to launch.  The next backward region usually
+    recomputes from the very same inputs (the layer norm's or the activation's backward): run there,
+    the recomputation shares that region's loads and launch, and only the written value costs memory
+    traffic (what torch.compile's partitioner gets from fusing recomputation into the backward's
+    kernels).  Moving the region up is sound when it reads nothing written by the units it jumps
+    over (the reader, the units between) and none of them has a side effect.
+
+    The region then runs earlier: its outputs are alive during the units it jumped over (its dying
+    inputs are freed earlier).  Each candidate is kept only if the memory model's live bytes over
+    those units, plus that difference, stay within the peak of ``layout`` (checked greedily in trace
+    order on ``layout``'s timeline; the returned layout's estimate is computed on it anyway)."""
+    ops, units, tensors = graph.ops, graph.units, graph.tensors
+    edits = list(layout.edits)
+    candidates: list[tuple[int, int, tuple[int, ...], int]] = []  # (reader, host, merged recompute, shared FLOPs)
+    hosts: set[int] = set()
+    for unit in units:
+        edit = edits[unit.index]
+        if edit.action != "recompute_before" or edit.stages or not edit.recompute or unit.phase != BACKWARD:
+            continue
+        closure_inputs = _inputs_of(graph, edit.recompute)
+        if any(_activation(tensors, n) and n not in saved for n in closure_inputs):
+            continue  # it reads what another edit recomputes or re-issues
+        views = _region_views(graph, edit.recompute, closure_inputs, (), lambda name: alias_base(name, tensors))
+        if any(name in views for name in edit.reads):
+            # a copy of a view of an input: nvFuser 0.2.36 gave such an output a segment of its own and
+            # split the rest of the region (:func:`_hoistable`); its own small region costs less
+            continue
+        produced: set[str] = set(unit.outputs)
+        for later in units[unit.index + 1 : unit.index + 1 + HOST_WINDOW]:
+            if later.phase != BACKWARD or later.kind == "return" or any(ops[n].side_effect for n in later.nodes):
+                break
+            later_edit = edits[later.index]
+            movable = later_edit.action in ("keep", "recompute_into") or (later_edit.action == "rebuild" and later_edit.nodes == later.nodes)
+            own = tuple(later_edit.recompute)
+            # its own recomputation must read only saved values: a stand-alone op's output that an edit
+            # between re-issued would not exist yet where the region moves to
+            own_reads_saved = not any(_activation(tensors, n) and n not in saved for n in _inputs_of(graph, own))
+            if later.kind == "region" and later.index not in hosts and movable and not later_edit.stages and own_reads_saved:
+                merged = tuple(sorted(set(own) | set(edit.recompute)))
+                inputs = _inputs_of(graph, merged + later.nodes)
+                own_inputs = set(_inputs_of(graph, own + later.nodes))
+                shares = not any(_activation(tensors, n) for n in inputs if n not in own_inputs)
+                if shares and produced.isdisjoint(inputs):
+                    shared = set(own) & set(edit.recompute)
+                    candidates.append((unit.index, later.index, merged, sum(ops[n].flops for n in shared)))
+                    hosts.add(later.index)
+                    break
+            produced.update(later.outputs)
+    if not candidates:
+        return layout
+
+    # memory: moving host region R up to reader U (to the step of U's recompute region, which it
+    # replaces) keeps R's outputs alive over the steps in between and frees the inputs R reads last
+    # earlier; accepted while the live bytes there stay within the peak of ``layout``
+    simulated, unit_row = _layout_rows(graph, layout)
+    profile = profile_graph(simulated)
+    _, _, end = lifetimes(simulated)
+    step_of = {point.unit: point.step for point in profile.timeline}
+    live = [point.live_bytes for point in profile.timeline]
+    sim_tensors = simulated.tensors
+    extra_flops = layout.extra_flops
+    for reader, host, merged, shared_flops in candidates:
+        row = simulated.units[unit_row[host]]
+        first, stop = step_of[unit_row[reader]] - 1, step_of[unit_row[host]]  # U's region, R
+        bases = {alias_base(o, sim_tensors) for o in row.outputs}
+        out_bytes = sum(sim_tensors[b].bytes for b in bases if b in row.outputs)
+        dying = sum(
+            sim_tensors[b].bytes for b in {alias_base(i, sim_tensors) for i in row.inputs} if end.get(b) == stop
+        )
+        after = out_bytes - dying
+        if live[first] + out_bytes > profile.peak_bytes or max(live[first + 1 : stop], default=0) + after > profile.peak_bytes:
+            continue
+        live[first] += out_bytes
+        for step in range(first + 1, stop):
+            live[step] += after
+        edits[host] = replace(edits[host], action="recompute_into", recompute=merged, exports=edits[reader].reads, moved_before=reader)
+        edits[reader] = replace(edits[reader], recompute=(), host=host)
+        extra_flops -= shared_flops
+    return Layout(tuple(edits), extra_flops)
+
+
+def _activation(tensors: dict[str, TensorInfo], name: str) -> bool:
+    info = tensors.get(name)
+    return info is not None and info.kind not in ("param", "input", "number")
+
+
 def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     """The units and tensors the rewritten trace would have (no Thunder objects are made), for the
     memory model: ``profile_graph(layout_graph(graph, plan_layout(graph, plan)))`` equals the profile of
     the rewritten trace (:func:`remat.thunder.rewrite.apply_plan`)."""
+    return _layout_rows(graph, layout)[0]
+
+
+def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[int, int]]:
+    """:func:`layout_graph`, and for every unit of ``graph`` still written, the index of its own unit
+    in the result."""
     ops, tensors = graph.ops, dict(graph.tensors)
     rows: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # (name, kind, inputs, outputs)
     row_phases: list[str] = []  # for plain graphs, whose phases are given
+    unit_row: dict[int, int] = {}
     aliases: dict[str, str] = {}
     # forward name -> fresh name of each output of a re-issued stand-alone op, for every later edit
     reissued: dict[str, str] = {}
@@ -510,21 +632,24 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         )
         return fresh
 
-    for edit in layout.edits:
+    def emit(edit: UnitEdit, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Append the rows of one edit; ``given``: fresh copies a host region wrote for it.  Returns the
+        fresh copies this edit exports (a host region's)."""
         unit = graph.units[edit.index]
         if edit.action == "drop":
-            continue
+            return {}
         if edit.action == "keep":
             if unit.kind == "region":
                 views = _region_views(graph, unit.nodes, unit.inputs, unit.outputs, base_of)
                 aliases.update((name, base) for name, base in views.items() if name in unit.outputs)
+            unit_row[edit.index] = len(rows)
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
-            continue
+            return {}
         # staged recomputation first: each value it hands on gets a fresh name (``renamed``); a recompute
         # edit also reads the outputs of stand-alone ops earlier edits re-issued under their fresh names
         # (a view of ``reissued``, not a copy: edits are many, and this runs for every plan a budget tries)
-        renamed: ChainMap[str, str] = ChainMap({}, reissued) if edit.action in ("recompute_into", "recompute_before") else ChainMap()
+        renamed: ChainMap[str, str] = ChainMap(dict(given or {}), reissued) if edit.action in ("recompute_into", "recompute_before") else ChainMap()
 
         def renamed_base_of(name: str) -> str:
             return base_of(renamed.get(name, name))
@@ -557,7 +682,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             views = _region_views(graph, edit.recompute, inputs, (), renamed_base_of)
             fresh_reads: dict[str, str] = {}
             for name in edit.reads:
-                if name in renamed:  # a stage wrote it already
+                if name in renamed:  # a stage or the host region wrote it already
                     continue
                 fresh = fresh_reads[name] = fresh_name(name, copy=True)
                 # a copy of a view of a region input is written as an alias of that input (nvFuser)
@@ -569,13 +694,14 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
                 row_phases.append(BACKWARD)
             renamed.update(fresh_reads)
             swapped = tuple(renamed.get(n, n) for n in unit.inputs)
+            unit_row[edit.index] = len(rows)
             rows.append((unit.name, unit.kind, swapped, unit.outputs))
             row_phases.append(unit.phase)
             if unit.inputs and unit.inputs[0] in renamed:  # a view of a recomputed value aliases the new copy
                 for out in unit.outputs:
                     if tensors.get(out) is not None and tensors[out].alias_of is not None:
                         aliases[out] = base_of(renamed[unit.inputs[0]])
-            continue
+            return {}
         if edit.action == "rebuild":
             nodes, outputs = edit.nodes, edit.outputs
         else:  # recompute_into
@@ -585,7 +711,15 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         region_outputs = tuple(o for o in outputs if o not in hoisted_outputs)
         views = _region_views(graph, [n for n in nodes if n not in edit.hoisted], inputs, region_outputs, renamed_base_of)
         aliases.update((name, base) for name, base in views.items() if name in region_outputs)
-        rows.append((unit.name, "region", tuple(renamed.get(n, n) for n in inputs), region_outputs))
+        exported: dict[str, str] = {}
+        if edit.exports:  # a host region: fresh copies of what the stand-alone reader it moved before reads
+            recompute_views = _region_views(graph, edit.recompute, _inputs_of(graph, tuple(edit.recompute)), (), renamed_base_of)
+            for name in edit.exports:
+                exported[name] = fresh_name(name, copy=True)
+                if name in recompute_views:
+                    aliases[exported[name]] = recompute_views[name]
+        unit_row[edit.index] = len(rows)
+        rows.append((unit.name, "region", tuple(renamed.get(n, n) for n in inputs), region_outputs + tuple(exported.values())))
         row_phases.append(unit.phase)
         for n in edit.hoisted:
             op = ops[n]
@@ -595,6 +729,13 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
             aliases[view] = aliases.get(base) or alias_base(base, tensors)
             rows.append((op.kind, "op", (base,), (view,)))
             row_phases.append(unit.phase)
+        return exported
+
+    for edit in layout.edits:
+        if edit.moved_before is not None:  # written before the stand-alone reader it hosts a recomputation for
+            continue
+        given = emit(layout.edits[edit.host]) if edit.host is not None else None
+        emit(edit, given)
 
     kinds = [row[1] for row in rows]
     if graph.plain:  # phases of plain graphs are given
@@ -622,7 +763,7 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
                 tensors[out] = TensorInfo(
                     info.name, info.shape, info.dtype, info.bytes, info.kind, index, info.producer_node, phase, alias
                 )
-    return FusionGraph(
+    simulated = FusionGraph(
         units,
         tensors,
         None,
@@ -632,3 +773,4 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
         explicit_saved=graph.explicit_saved,
         save_costs=graph.save_costs,
     )
+    return simulated, unit_row

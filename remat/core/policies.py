@@ -44,6 +44,13 @@ class RecomputePolicy:
     rewrite changes: optimizing an already optimized trace again may recompute values the first pass
     kept (the default policy plans such a trace to recompute nothing more).
 
+    ``host_recompute``: run a recomputation for such a reader inside the next backward region that
+    recomputes from the same inputs (a layer norm's or an activation's backward), moved up to just
+    before the reader, instead of a region of its own: one kernel fewer and one read of the inputs
+    fewer; only where the move is sound and the estimated peak does not rise
+    (:func:`remat.core.layout.host_recomputations`).  ``False``: every such recomputation gets its own
+    region, as before.  Changes the layout, not the cut: the same values are saved either way.
+
     ``regather_parameters``: allow re-gathering parameters in the backward instead of keeping them
     unsharded from the forward: ZeRO3's meaning, for ``thunder.distributed.fsdp`` traces.  Exactly the ops
     the op table tags ``regather`` become recomputable (:func:`remat.core.ops.regather_tags`): an all-gather
@@ -64,11 +71,12 @@ class RecomputePolicy:
     unsafe_stateful_random: bool = False
     regather_parameters: bool = False
     unfused_readers: bool = True
+    host_recompute: bool = True
 
     def __post_init__(self) -> None:
         for field_name in (
             "matmul", "attention", "reductions", "random", "non_fusible", "unsafe_stateful_random", "regather_parameters",
-            "unfused_readers",
+            "unfused_readers", "host_recompute",
         ):
             value = getattr(self, field_name)
             if not isinstance(value, bool):

@@ -14,7 +14,9 @@ re-issued as the bound symbol the forward ran (for a re-gather the torch executo
 ``torch_all_gather_prim_impl`` and ``torch_wait_prim_impl``) with fresh output names; every later reader
 reads the fresh names (a backward op writing a forward name would make Thunder's split treat it as
 forward).  A stand-alone op is re-issued once, for the first unit that needs it: later edits read its
-fresh outputs too (``reissued``, as the layout's memory model does).  The order follows the plan layout,
+fresh outputs too (``reissued``, as the layout's memory model does).  A host region
+(:func:`remat.core.layout.host_recomputations`) is written before the stand-alone op it hosts a
+recomputation for, with ``shallow_copy`` exports of what that op reads, and not at its own place.  The order follows the plan layout,
 which is deterministic, so every rank issues the same collectives in the same order.
 """
 
@@ -114,13 +116,24 @@ def apply_plan(
         if edit is None or edit.action == "keep":  # comments, deletes, unchanged units
             new_bsyms.append(bsym)
             continue
-        if edit.action == "drop":
+        if edit.action == "drop" or edit.moved_before is not None:  # a host region is written before its reader
             continue
         owner = _owner(bsym, executor)
         hoisted = set(edit.hoisted)
         # staged recomputation first (pre-regions and re-issued stand-alone ops); ``swap`` maps the forward
         # proxies they write again to the fresh ones every later reader reads
         swap: ChainMap = ChainMap({}, reissued) if edit.action in ("recompute_into", "recompute_before") else ChainMap()
+        if edit.host is not None:  # the host region moves up here and writes fresh copies of what this unit reads
+            host_bsym, host_edit = origin.unit_bsyms[edit.host], layout.edits[edit.host]
+            members = _swapped([op_bsyms[n] for n in host_edit.recompute] + list(host_bsym.subsymbols), swap)
+            outputs = [p.name for p in host_bsym.flat_proxy_outs if not _writes(op_bsyms, set(host_edit.hoisted), p.name)]
+            region = _copying_region(
+                _owner(host_bsym, executor), host_bsym.sym.name, members, host_edit.exports, swap.maps[0], new_trace, outputs
+            )
+            new_bsyms.append(region)
+            placements[host_bsym.sym.name] = host_edit.recompute
+            new_bsyms.extend(_swapped([op_bsyms[n] for n in host_edit.hoisted], swap))
+            hoisted_count += len(host_edit.hoisted)
         for stage in edit.stages:
             if stage.region:
                 members = _swapped([op_bsyms[n] for n in stage.region], swap)
@@ -170,11 +183,17 @@ def apply_plan(
 
 
 def _copying_region(
-    executor: RegionExecutor, name: str, members: list[BoundSymbol], exports: Sequence[str], swap: MutableMapping, new_trace: TraceCtx
+    executor: RegionExecutor,
+    name: str,
+    members: list[BoundSymbol],
+    exports: Sequence[str],
+    swap: MutableMapping,
+    new_trace: TraceCtx,
+    outputs: Sequence[str] = (),
 ) -> BoundSymbol:
-    """A new region running ``members`` and writing a fresh copy (``shallow_copy``, a no-op in nvFuser)
-    of each value named in ``exports``; ``swap`` learns the copies.  A backward region writing a forward
-    name would make Thunder's split treat it as forward."""
+    """A region running ``members`` and writing ``outputs`` (names of its own values) and a fresh copy
+    (``shallow_copy``, a no-op in nvFuser) of each value named in ``exports``; ``swap`` learns the
+    copies.  A backward region writing a forward name would make Thunder's split treat it as forward."""
     proxies = _proxy_map(members)
     copies: list[BoundSymbol] = []
     with tracectx(new_trace):
@@ -184,7 +203,7 @@ def _copying_region(
             copies.append(prims.shallow_copy.bind(original, output=fresh))
             swap[variableify(original)] = fresh
     region_members = members + copies
-    inputs, out_proxies = _thunder_region_io(region_members, [c.output.name for c in copies])
+    inputs, out_proxies = _thunder_region_io(region_members, list(outputs) + [c.output.name for c in copies])
     return make_region(executor, name, region_members, inputs, out_proxies)
 
 
