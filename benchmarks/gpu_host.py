@@ -11,8 +11,8 @@ For each mode (same model and inputs as ``gpu_memory.py``), medians over ``--ste
 * ``backward_call_ms`` / ``backward_ms``: the same for ``loss.backward()``;
 * Thunder modes: ``cache_ms`` (cache lookup), ``prologue_ms`` (input checks), ``computation_host_ms``
   (the forward program's host time) from ``thunder.compile_stats``;
-* remat: ``region_calls`` and ``region_host_ms`` (host time inside remat's nvFuser region callables,
-  per step) and ``execute_host_ms`` (the part of that spent in ``FusionDefinition.execute``);
+* remat: ``region_calls`` and ``region_host_ms`` (host time inside remat's region callables, nvFuser's
+  or Inductor's, per step) and ``execute_host_ms`` (the part of that spent in ``FusionDefinition.execute``);
 
 and from one profiled step (``torch.profiler``): per phase, the GPU busy time (union of kernel
 intervals), the delay from the phase's start to its first kernel, the idle time between its first and
@@ -48,8 +48,8 @@ from gpu_profile import kernel_union  # noqa: E402
 
 
 class RegionTimer:
-    """Accumulates host time spent in remat's nvFuser region callables and, inside them, in
-    ``nvfuser_direct.FusionDefinition.execute`` (both methods wrapped while the timer is active)."""
+    """Accumulates host time spent in remat's region callables (nvFuser's and Inductor's) and, inside
+    nvFuser's, in ``nvfuser_direct.FusionDefinition.execute`` (the methods wrapped while the timer is active)."""
 
     def __init__(self):
         self.reset()
@@ -77,7 +77,10 @@ class RegionTimer:
     def __enter__(self):
         from remat import nvfuser
 
+        from remat.thunder.inductor import InductorRegionCallable
+
         self._wrap(nvfuser.NvFuserRegionCallable, "__call__", "region_ns")
+        self._wrap(InductorRegionCallable, "__call__", "region_ns")
         if nvfuser.available():
             import nvfuser_direct
 

@@ -45,7 +45,55 @@ def test_inductor_regions_train_like_eager():
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     callables = region_callables(jitted)
     assert callables and all(isinstance(c, InductorRegionCallable) for c in callables)
-    assert all(c.failed is None and c._compiled is not None for c in callables)
+    # every region here takes tensors only: each is called straight through Inductor, without Dynamo
+    assert all(c.failed is None and c.path == "inductor" and c._compiled is None for c in callables)
+    assert all(len(c._direct) == 1 for c in callables)  # one layout each, compiled once over two steps
+
+
+def test_a_region_called_with_another_layout_gets_its_own_compiled_graph():
+    """Inductor's code asserts its inputs' strides, so a region called with a transposed input is compiled
+    again for that layout, and gives the same values."""
+    block = Block()
+    jitted = remat.jit(block, runtime="inductor")
+    train_step(jitted, torch.randn(4, 16))
+    captured = {}
+    callable_ = next(c for c in region_callables(jitted) if any(p.ndim >= 2 for p in c.region.args))
+    real = callable_._build_direct
+
+    def spy(args):
+        captured["strides"] = [a.stride() for a in args]
+        return real(args)
+
+    def column_major(proxy):  # same shape, reversed strides
+        dims = tuple(reversed(range(proxy.ndim)))
+        return torch.randn(tuple(reversed(proxy.shape))).permute(dims)
+
+    callable_._build_direct = spy
+    args = [column_major(p) if p.ndim >= 2 else torch.randn(p.shape) for p in callable_.region.args]
+    got = callable_(*args)
+    want = callable_.reference(*args)
+    for g, w in zip(got if isinstance(got, (list, tuple)) else [got], want if isinstance(want, (list, tuple)) else [want]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert len(callable_._direct) == 2 and captured["strides"] == [a.stride() for a in args]
+
+
+def test_the_direct_path_failing_falls_back_to_torch_compile(monkeypatch):
+    def refuse(self, args):
+        raise RuntimeError("no such private API")
+
+    monkeypatch.setattr(InductorRegionCallable, "_build_direct", refuse)
+    block = Block()
+    x = torch.randn(4, 16)
+    expected_loss, expected_grads = train_step(block, x)
+    jitted = remat.jit(block, runtime="inductor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a quiet fallback: torch.compile still compiles it
+        loss, grads = train_step(jitted, x)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    callables = region_callables(jitted)
+    assert all(c.path == "torch.compile" and c._compiled is not None and not c._direct_possible for c in callables)
 
 
 def test_a_region_torch_compile_rejects_runs_with_the_reference(monkeypatch):
@@ -56,6 +104,7 @@ def test_a_region_torch_compile_rejects_runs_with_the_reference(monkeypatch):
         return compiled
 
     monkeypatch.setattr(InductorRegionCallable, "_build", refuse)
+    monkeypatch.setattr(InductorRegionCallable, "_build_direct", lambda self, args: refuse(self)(*args))
     block = Block()
     x = torch.randn(4, 16)
     expected_loss, expected_grads = train_step(block, x)
@@ -65,13 +114,14 @@ def test_a_region_torch_compile_rejects_runs_with_the_reference(monkeypatch):
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert all(c.failed for c in region_callables(jitted))
+    assert all(c.failed and c.path == "reference" for c in region_callables(jitted))
 
 
 def test_a_region_drawing_random_numbers_is_never_compiled(monkeypatch):
     """Inductor's random numbers are not eager's: a dropout mask drawn in one region and recomputed in
     another must be the same, so such regions run with the torch reference (and its numbers)."""
     monkeypatch.setattr(InductorRegionCallable, "_build", lambda self: self.reference.build())  # no C++ build needed here
+    monkeypatch.setattr(InductorRegionCallable, "_direct_for", lambda self, args: None)
     block = Block(dropout=0.5)
     x = torch.randn(4, 16)
     torch.manual_seed(3)

@@ -8,7 +8,16 @@ and reduction kernels took about twice as long as torch.compile's Triton kernels
 blocks, and ``FusionDefinition.execute`` costs about 100 us of host time a call; remat's plan is the
 same whichever generator writes the kernels.
 
-What is shared: regions of identical layers are traced by Dynamo once each (a few hundred milliseconds)
+How a region is called: a region whose arguments are all tensors and that writes into none of them is
+traced once per input layout (strides) with ``make_fx`` (Inductor's decompositions, fake tensors) and
+handed straight to Inductor (``compile_fx_inner``), so that a call is Inductor's generated ``call`` and
+nothing else: no Dynamo frame evaluation or guards, no AOTAutograd wrappers.  Those cost about 25 us a call
+on this project's CPU (5.7 against 30.8 us for a three-output region; ``benchmarks/gpu_host.py`` measures
+region host time on the GPU, docs/benchmarks.md), and a LitGPT training step calls 30-40 regions.  These are private entry points
+of torch; if they are missing or fail on a region, that region goes through ``torch.compile``
+(``fullgraph=True``, static shapes) as before, and :attr:`InductorRegionCallable.path` says which one ran.
+
+What is shared: regions of identical layers are traced once each (a few hundred milliseconds)
 but compiled once, through Inductor's own FX-graph cache (the same graph gives the same key).
 
 What differs from nvFuser: Inductor may split a region into several kernels with buffers between them,
@@ -21,13 +30,15 @@ region runs with the torch reference from then on, with one warning naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from thunder.core.proxies import TensorProxy
 from thunder.core.symbol import BoundSymbol
 
-from remat.core.ops import RNG_KINDS, STATELESS_RNG_KINDS
+from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
+from remat._logging import logger
 from remat.errors import warn
 from remat.thunder.read import op_kind
 
@@ -45,17 +56,30 @@ def available() -> bool:
 
 
 class InductorRegionCallable:
-    """Runs a region as one ``torch.compile``d function, built on its first call from ``reference``'s
-    (a :class:`~remat.thunder.runtimes.TorchRegionCallable`) Python function.  Falls back to the
-    reference itself, with one warning, if compiling fails; regions drawing random numbers always use it."""
+    """Runs a region as Inductor-compiled code, built on its first call (per input layout) from
+    ``reference``'s (a :class:`~remat.thunder.runtimes.TorchRegionCallable`) Python function: directly
+    through Inductor where it can (see the module docstring), else as one ``torch.compile``d function.
+    Falls back to the reference itself, with one warning, if compiling fails; regions drawing random
+    numbers always use it.
+
+    ``path`` is ``"inductor"`` (the direct call), ``"torch.compile"``, ``"reference"`` or ``None`` before
+    the first call."""
 
     def __init__(self, region: BoundSymbol, reference: Any):
         self.region = region
         self.reference = reference
         self.failed: str | None = None
-        self._compiled: Callable | None = None
+        self.path: str | None = None
+        self._compiled: Callable | None = None  # the torch.compile'd function, when that path runs
+        self._direct: dict[tuple, Callable] = {}  # input strides -> Inductor's compiled graph
         if any(op_kind(sub) in RNG_KINDS | STATELESS_RNG_KINDS for sub in region.subsymbols):
             self.failed = "draws random numbers (runs with the torch reference: Inductor's numbers are not eager's)"
+            self.path = "reference"
+        # The direct path bakes every non-tensor argument into the graph and compiles a functional graph,
+        # so it is only taken for regions of tensor arguments that write into none of them.
+        self._direct_possible = all(isinstance(a, TensorProxy) for a in region.args) and not any(
+            op_kind(sub) in IN_PLACE_KINDS for sub in region.subsymbols
+        )
 
     def _build(self) -> Callable:
         # fullgraph: a region is straight-line tensor code, so a graph break means a bug, not a fallback
@@ -64,16 +88,46 @@ class InductorRegionCallable:
         # one Dynamo guard set, not a recompilation when the backward runs with grad mode on
         return torch.no_grad()(torch.compile(self.reference.build(), fullgraph=True, dynamic=False))
 
+    def _build_direct(self, args: Sequence[Any]) -> Callable:
+        """Inductor's compiled graph for these arguments' layout (raises if any step fails)."""
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with torch.no_grad():
+            graph = make_fx(self.reference.build(), decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+            return compile_fx_inner(graph, list(args))
+
+    def _direct_for(self, args: tuple) -> Callable | None:
+        """The direct path's compiled graph for these arguments' layout, or ``None`` (from now on) where
+        it cannot be built."""
+        key = tuple(a.stride() for a in args)
+        compiled = self._direct.get(key)
+        if compiled is None:
+            try:
+                compiled = self._direct[key] = self._build_direct(args)
+            except Exception as exc:  # private API moved or a graph Inductor cannot take: use torch.compile
+                logger.info("region %s goes through torch.compile (%s: %s)", self.region.sym.name, type(exc).__name__, str(exc)[:200])
+                self._direct_possible = False
+        return compiled
+
     def __call__(self, *args):
         if self.failed is not None:
             return self.reference(*args)
-        compiled = self._compiled
-        if compiled is None:
-            compiled = self._compiled = self._build()
         try:
+            direct = self._direct_for(args) if self._direct_possible else None
+            if direct is not None:
+                self.path = "inductor"
+                with torch.no_grad():
+                    return direct(list(args))  # Inductor's boxed calling convention: it may clear the list
+            compiled = self._compiled
+            if compiled is None:
+                compiled = self._compiled = self._build()
+            self.path = "torch.compile"
             return compiled(*args)
         except Exception as exc:  # Dynamo or Inductor refused the region: it runs eagerly from now on
             self.failed = f"{type(exc).__name__}: {exc}"
+            self.path = "reference"
             warn(
                 f"torch.compile rejected region {self.region.sym.name}; it runs with the torch executor instead "
                 f"({self.failed.splitlines()[0][:200]})",
