@@ -7,6 +7,7 @@ process), with the script's own arguments; remat is put in nvFuser's place throu
 
 * ``thunder``: ``--without-remat --compile thunder`` (Thunder as shipped: nvFuser + its rematerialization)
 * ``remat``: ``--compile thunder`` with remat installed
+* ``remat-inductor``: the same, remat's regions compiled by Inductor (``--remat-runtime inductor``)
 * ``dynamo_thunder``: ``--without-remat --compile dynamo_thunder`` (ThunderFX)
 * ``dynamo_thunder+remat``: ``--compile dynamo_thunder`` with remat installed
 * ``inductor``: ``--without-remat --compile inductor`` (torch.compile)
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MODES = {
     "thunder": (False, "thunder"),
     "remat": (True, "thunder"),
+    "remat-inductor": (True, "thunder"),
     "dynamo_thunder": (False, "dynamo_thunder"),
     "dynamo_thunder+remat": (True, "dynamo_thunder"),
     "inductor": (False, "inductor"),
@@ -50,6 +52,8 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
     command = [sys.executable, "-m", "remat", "benchmark-litgpt"]
     if not with_remat:
         command.append("--without-remat")
+    if mode == "remat-inductor":
+        command += ["--remat-runtime", "inductor"]
     command += [*script_args, "--compile", compile_mode, "--return_metrics_as_json", "true", "--json_path", str(metrics)]
     start = time.perf_counter()
     record: dict = {"mode": mode, "args": script_args}

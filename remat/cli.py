@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         "--model_name Llama-2-7b-hf --n_layers 4 --compile thunder (or dynamo_thunder). Needs a CUDA device.",
     )
     bench.add_argument("--remat-budget", default=None, help="remat's memory budget (as --budget); default: none")
+    bench.add_argument(
+        "--remat-runtime", default="auto", choices=("auto", "nvfuser", "inductor", "torch"),
+        help="what runs remat's regions (remat.install(runtime=...)); default auto: nvFuser on a GPU",
+    )
     bench.add_argument("--without-remat", action="store_true", help="run the script as Thunder ships it (the anchor)")
     bench.set_defaults(func=run_benchmark_litgpt)
     try:
@@ -247,7 +251,7 @@ def run_benchmark_litgpt(args: argparse.Namespace) -> int:
     ``thunder.get_default_executors()``, for ``--compile thunder`` and ``dynamo_thunder`` alike)."""
     # the compat bridge and the nvfuser alias are in place: this module imports remat.thunder
     jsonargparse = require_extra("jsonargparse", "benchmark-litgpt")
-    scope = contextlib.nullcontext() if args.without_remat else install(args.remat_budget)
+    scope = contextlib.nullcontext() if args.without_remat else install(args.remat_budget, runtime=args.remat_runtime)
     with scope:
         try:
             script = importlib.import_module("thunder.benchmarks.benchmark_litgpt")  # sets a CUDA device on import

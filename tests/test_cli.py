@@ -197,3 +197,14 @@ def test_benchmark_litgpt_runs_thunders_script_with_remat_installed(monkeypatch,
     assert "remat" not in seen["executors"]
     assert main(["benchmark-litgpt", "--remat-budget", "lots", *args]) == 2
     assert "error:" in capsys.readouterr().err
+    installed = {}
+    real_install = remat.cli.install
+
+    def spy(budget=None, **kwargs):
+        installed.update(kwargs)
+        return real_install(budget, **kwargs)
+
+    monkeypatch.setattr(remat.cli, "install", spy)
+    assert main(["benchmark-litgpt", "--remat-runtime", "torch", *args]) == 0
+    assert installed == {"runtime": "torch"} and seen["executors"][-1] == "remat"
+    assert main(["benchmark-litgpt", "--remat-runtime", "triton", *args]) == 2
