@@ -210,6 +210,9 @@ def run(args) -> None:
                 record["regions"] = len(regions)
                 record["nvfuser_fallbacks"] = [b.sym.name for b in regions if getattr(b._call_ctx[b.sym.name], "failed", None)]
                 record["region_backends"] = sorted({type(b._call_ctx[b.sym.name]).__name__ for b in regions})
+                paths = [getattr(b._call_ctx[b.sym.name], "path", None) for b in regions]
+                if any(paths):  # Inductor's regions: how each was called (direct, torch.compile, reference)
+                    record["region_paths"] = {path: paths.count(path) for path in sorted(set(paths), key=str)}
                 record["distinct_definitions"] = nvfuser_definitions()
                 record["plan_seconds"] = remat_executor.last_seconds
                 record["estimated_peak_mib"] = res.after.peak_bytes / MIB
@@ -278,7 +281,8 @@ def render(path: str) -> str:
                     f"{r.get('nvfuser_fallbacks') or 'none'}; attention: {', '.join(r.get('attention_ops', [])) or '?'}; "
                     f"plan + fusion {r.get('plan_seconds', 0):.2f} s; estimated peak {r.get('estimated_peak_mib', 0):.1f} MiB, "
                     f"estimated saved {r.get('estimated_saved_mib', 0):.1f} MiB (memory model); "
-                    + (f"{r['distinct_definitions']} distinct nvFuser definitions (regions of identical layers share one); " if "distinct_definitions" in r else "")
+                    + (f"{r['distinct_definitions']} distinct nvFuser definitions (regions of identical layers share one); " if r.get("distinct_definitions") else "")
+                    + ("Inductor regions called " + ", ".join(f"{path}: {n}" for path, n in r["region_paths"].items()) + "; " if r.get("region_paths") else "")
                     + "; ".join(r.get("notes", []))
                 )
     for (model, layers, seq), modes in groups.items():
