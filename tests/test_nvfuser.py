@@ -237,3 +237,84 @@ def test_a_different_layout_or_constant_gets_its_own_definition(monkeypatch):
     assert emit.shared_build(thrice) is not emit.shared_build(twice)
     emit.clear_shared_definitions()
     assert emit.shared_definitions() == 0
+
+
+def test_small_regions_run_as_aten_calls_with_the_reference_values(family_traces):
+    """``aten_region``: a bias gradient (a float32 sum of an input, cast back) or a layout copy runs as a
+    few ATen calls (nvFuser's per-call host time is many times their work); its outputs equal the torch
+    reference's, and regions with any other op are left to nvFuser."""
+    from remat.thunder.read import op_kind
+    from remat.thunder.runtimes import ATEN_REGION_MAX_CALLS, aten_region
+
+    taken = refused = 0
+    for name, joint in family_traces.items():
+        res = remat.optimize(remat.fuse(joint), strict=True)
+        for region in regions_of(res.trace):
+            kinds = {op_kind(b) for b in region.subsymbols}
+            small = aten_region(region)
+            if small is None:
+                refused += 1
+                continue
+            taken += 1
+            assert kinds <= {"sum", "convert_element_type", "reshape", "transpose", "shallow_copy", "broadcast_in_dim", "squeeze", "slice"}, (name, kinds)
+            # the float32 conversion feeding each sum is folded into it
+            assert sum(op_kind(b) == "convert_element_type" for b in small.bsyms) <= sum(k == "convert_element_type" for k in map(op_kind, region.subsymbols)) - sum(k == "sum" for k in map(op_kind, region.subsymbols))
+            assert sum(op_kind(b) not in ("reshape", "transpose", "shallow_copy", "broadcast_in_dim", "squeeze", "slice") for b in small.bsyms) <= ATEN_REGION_MAX_CALLS
+            inputs = random_inputs(region)  # the trace's dtypes (fp32 here; bf16 below)
+            expected, got = region._call_ctx[region.sym.name](*inputs), small(*inputs)
+            expected = expected if isinstance(expected, (list, tuple)) else [expected]
+            got = got if isinstance(got, (list, tuple)) else [got]
+            for a, b in zip(expected, got, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+    assert taken >= 4 and refused > taken  # bias gradients of pythia and phi-2, layout copies; the rest nvFuser
+
+
+def test_a_bf16_bias_gradient_region_sums_in_float32_without_a_float32_copy():
+    """The bias gradient of a bf16 linear: ``torch.sum(x, dims, dtype=float32)`` then a cast, equal to the
+    reference's convert -> sum -> convert (both accumulate in float32)."""
+    from remat.thunder.read import op_kind
+    from remat.thunder.runtimes import aten_region
+
+    linear = torch.nn.Linear(16, 8).to(torch.bfloat16)
+    x = torch.randn(4, 32, 16, dtype=torch.bfloat16, requires_grad=True)
+    res = remat.optimize(remat.fuse(remat.training_trace(lambda x: linear(x).float().pow(2).mean(), x)), strict=True)
+    small = [(r, aten_region(r)) for r in regions_of(res.trace) if aten_region(r) is not None]
+    sums = [(r, s) for r, s in small if any(op_kind(b) == "sum" for b in r.subsymbols)]
+    assert sums
+    for region, callable_ in sums:
+        # Thunder's torch.sum (with its dtype), not the prims' convert -> sum
+        assert [op_kind(b) for b in callable_.bsyms if op_kind(b) in ("sum", "torch.sum", "convert_element_type")] == ["torch.sum", "convert_element_type"]
+        inputs = [torch.randn(tuple(p.shape), dtype=torch.bfloat16) * 10 for p in region.args]
+        expected = region._call_ctx[region.sym.name](*inputs)
+        got = callable_(*inputs)
+        for a, b in zip(expected if isinstance(expected, (list, tuple)) else [expected], got if isinstance(got, (list, tuple)) else [got]):
+            assert a.dtype == b.dtype == torch.bfloat16
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("small_regions_in_torch", [True, False])
+def test_jit_runs_small_regions_with_torch_and_the_rest_with_nvfuser(monkeypatch, small_regions_in_torch):
+    import remat.thunder.nvfuser
+    from conftest import tiny_litgpt, train_step
+    from remat.thunder.runtimes import TorchRegionCallable
+
+    fake_nvfuser.install(monkeypatch)
+    monkeypatch.setattr(remat.thunder.nvfuser, "available", lambda: True)
+    model = tiny_litgpt("pythia-14m")
+    idx = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    expected_loss, expected_grads = train_step(model, idx)
+    jitted = remat.jit(model, runtime="nvfuser", fusion=remat.FusionPolicy(small_regions_in_torch=small_regions_in_torch))
+    loss, grads = train_step(jitted, idx)
+    torch.testing.assert_close(loss, expected_loss)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    result = remat.executor_of(jitted).last_result
+    callables = [b._call_ctx[b.sym.name] for b in regions_of(result.trace)]
+    in_torch = [c for c in callables if isinstance(c, TorchRegionCallable)]
+    in_nvfuser = [c for c in callables if isinstance(c, NvFuserRegionCallable)]
+    assert len(in_torch) + len(in_nvfuser) == len(callables)
+    if small_regions_in_torch:
+        assert in_torch and in_nvfuser
+    else:
+        assert not in_torch

@@ -140,6 +140,13 @@ class FusionPolicy:
     gradient) falls into the run of the layer-norm backward beside it; no single nvFuser scheduler
     takes both, and nvFuser 0.2.36's segmenter then split the layer-norm backward itself into three
     kernels where it alone runs as one (see docs/benchmarks.md).
+
+    ``small_regions_in_torch``: run a region that is only shape ops, dtype conversions and float32 sums
+    of an input (a bias gradient, a layout copy) as a few ATen calls instead of with nvFuser or Inductor,
+    whose per-call host time (about 100 us) is many times the work (:func:`remat.thunder.runtimes.aten_region`).
+    The regions themselves, and so the plan and the memory model, are the same either way.  Off by
+    default until its step time is measured on a GPU (``benchmarks/gpu_memory.py --modes remat
+    remat-small-in-torch``).
     """
 
     linear: bool | str = False
@@ -148,12 +155,13 @@ class FusionPolicy:
     shape_only_regions: bool = False
     transposed_cat: bool = False
     independent_parts: bool = False
+    small_regions_in_torch: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "small_regions_in_torch"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 
