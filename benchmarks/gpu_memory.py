@@ -61,7 +61,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 #: there): room above remat's default plan buys fewer kernels (remat.planning.budget); needs the
 #: torch.compile mode measured earlier in the same run
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-small-in-torch", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-small-in-torch", "remat-value-copy", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -113,6 +113,9 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         return jitted, remat.executor_of(jitted)
     if mode == "remat-nosplit":  # Thunder's autograd glue in one Function (a meta randn less each way)
         jitted = remat.jit(module, thunderfx_disable_split_autograd=True)
+        return jitted, remat.executor_of(jitted)
+    if mode == "remat-value-copy":  # attention's v in its own buffer: q, k, v saved, no RoPE recomputation
+        jitted = remat.jit(module, fusion=remat.FusionPolicy(attention_value_copy=True))
         return jitted, remat.executor_of(jitted)
     if mode == "remat-small-in-torch":  # small regions as ATen calls (FusionPolicy.small_regions_in_torch)
         jitted = remat.jit(module, fusion=remat.FusionPolicy(small_regions_in_torch=True))

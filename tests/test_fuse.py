@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import remat
-from conftest import PYTHIA_2, tiny_litgpt, train_step, traced
+from conftest import LLAMA_2, PYTHIA_2, tiny_litgpt, train_step, traced
 from remat.core.ops import SHAPE_ONLY_KINDS as SHAPE_OPS
-from remat.thunder.fuse import simplify
+from remat.thunder.fuse import ATTENTION_VALUE_POSITIONS, copy_attention_values, simplify
 from remat.thunder.read import op_kind
 
 
@@ -174,3 +174,49 @@ def _region_of(bsym):
 
     inputs, outputs = region_io([bsym], None)
     return make_region(default_region_executor(), "nvFusion0", [bsym], inputs, outputs)
+
+
+@pytest.mark.parametrize("family", [PYTHIA_2, dict(LLAMA_2, n_query_groups=4)], ids=["pythia", "llama"])
+def test_attention_value_copy_saves_q_k_v_instead_of_recomputing_rope(family):
+    """``FusionPolicy(attention_value_copy=True)``: LitGPT's ``v`` (a view of the qkv projection) is copied
+    into its own buffer, which both attention ops read; the plan then saves as many bytes at no higher
+    estimated peak and recomputes fewer FLOPs (no rotary embeddings before the attention backward), and a
+    training step through it gives the reference's loss and gradients bit for bit."""
+    joint = traced(**family)
+    plain = remat.optimize(remat.fuse(joint), strict=True, thunder_baseline=False)
+    fused = remat.fuse(joint, remat.FusionPolicy(attention_value_copy=True))
+    copied = remat.optimize(fused, strict=True, thunder_baseline=False)
+    attention = [b for b in joint.bound_symbols if b.sym.name in ATTENTION_VALUE_POSITIONS]
+    assert len(attention) == 2 * family["n_layer"]  # forward and backward per layer
+    flat = [s for b in fused.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
+    copies = {s.output.name: s for s in flat if op_kind(s) == "stride_order"}
+    assert len(copies) == family["n_layer"]
+    for b in fused.bound_symbols:
+        if b.sym.name in ATTENTION_VALUE_POSITIONS:
+            assert b.args[ATTENTION_VALUE_POSITIONS[b.sym.name]].name in copies
+    assert copied.after.saved_bytes == plain.after.saved_bytes
+    assert copied.after.peak_bytes <= plain.after.peak_bytes
+    assert copied.extra_flops < plain.extra_flops
+    # values already in their own buffers: nothing more to copy, the trace comes back as it was
+    once = copy_attention_values(joint)
+    assert copy_attention_values(once) is once
+
+
+def test_attention_value_copy_trains_like_the_reference():
+    model = tiny_litgpt("pythia-14m", n_layer=2)
+    idx = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    reference = remat.jit(model, runtime="torch")
+    expected_loss, expected_grads = train_step(reference, idx)
+    jitted = remat.jit(model, runtime="torch", fusion=remat.FusionPolicy(attention_value_copy=True))
+    loss, grads = train_step(jitted, idx)
+    assert torch.equal(loss, expected_loss)
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected_grads))
+    executed = remat.executor_of(jitted).last_result.trace
+    assert any(op_kind(s) == "stride_order" for b in executed.bound_symbols if b.sym.is_fusion for s in b.subsymbols)
+
+
+def test_attention_value_copy_leaves_grouped_query_values_alone():
+    """With grouped-query attention LitGPT expands ``v`` to every head before attention: a copy of that
+    would be larger than the qkv buffer, so nothing is copied."""
+    joint = traced(**LLAMA_2)  # 2 query groups for 4 heads
+    assert copy_attention_values(joint) is joint

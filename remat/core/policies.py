@@ -147,6 +147,11 @@ class FusionPolicy:
     The regions themselves, and so the plan and the memory model, are the same either way.  Off by
     default until its step time is measured on a GPU (``benchmarks/gpu_memory.py --modes remat
     remat-small-in-torch``).
+
+    ``attention_value_copy``: where attention's value operand is a view into a larger buffer (LitGPT's
+    ``v``, a slice of the qkv projection), copy it into its own buffer first
+    (:func:`remat.thunder.fuse.copy_attention_values`), so that the cut can save q, k and v for the
+    backward at the bytes of qkv instead of saving qkv and recomputing the rotary embeddings.
     """
 
     linear: bool | str = False
@@ -156,12 +161,13 @@ class FusionPolicy:
     transposed_cat: bool = False
     independent_parts: bool = False
     small_regions_in_torch: bool = False
+    attention_value_copy: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "small_regions_in_torch"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "small_regions_in_torch", "attention_value_copy"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 

@@ -43,11 +43,11 @@ from thunder.core import dtypes, prims
 from thunder.core.devices import DeviceType
 from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.rematerialization import replace_uniform
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 from thunder.core.transform_common import NON_FUNCTIONAL_OPS, dce
 
 from remat.core.layout import region_name
-from remat.core.ops import NEVER_RECOMPUTE_TAGS, SHAPE_ONLY_KINDS
+from remat.core.ops import ALIASING_PRIMS, NEVER_RECOMPUTE_TAGS, SHAPE_ONLY_KINDS
 from remat.core.policies import FusionPolicy, check_policy
 from remat.core.storage import mutated_storage
 from remat._logging import stage
@@ -146,6 +146,70 @@ def simplify(trace: TraceCtx) -> TraceCtx:
         simplified = dce(simplified)
     simplified.set_provenance(TraceProvenance(f"remat.simplify ({len(replaced)} casts that undo a widening)"))
     return simplified
+
+
+#: remat's attention operators and the position of their value operand (remat/thunder/attention.py)
+ATTENTION_VALUE_POSITIONS = {"remat_cudnn_sdpa_fwd": 2, "remat_cudnn_sdpa_bwd": 3, "remat_sdpa_fwd": 2, "remat_sdpa_bwd": 3}
+
+
+def copy_attention_values(trace: TraceCtx) -> TraceCtx:
+    """``trace`` where attention's value operand, when it is a view into a larger buffer (LitGPT's ``v`` is
+    a slice of the fused qkv projection), is first copied into a buffer of its own (``stride_order``, a
+    fusible copy), which the forward and backward attention ops read instead.
+
+    Why: a view keeps its whole base alive, so saving ``v`` for the backward costs all of ``qkv``, and the
+    cheapest cut saves ``qkv`` and recomputes the rotary embeddings of q and k before the attention
+    backward.  With ``v`` in its own buffer, saving q, k and v costs the same bytes as ``qkv``, and the cut
+    can keep them instead (on LitGPT stablecode-3b and Llama-2-7b it does: same saved bytes and estimated
+    peak, no RoPE recomputation).  The copy joins the forward region beside it.  A value expanded from
+    fewer heads (grouped-query attention) is left alone: its copy would hold every head."""
+    bsyms = list(trace.bound_symbols)
+    producer = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
+
+    def view_of_larger(value: TensorProxy) -> bool:
+        current = value
+        while (i := producer.get(current.name)) is not None and op_kind(bsyms[i]) in ALIASING_PRIMS:
+            if op_kind(bsyms[i]) == "broadcast_in_dim":  # grouped-query attention's expanded v: a copy would be larger
+                return False
+            base = bsyms[i].args[0]
+            if not isinstance(base, TensorProxy):
+                return False
+            if base.numel > value.numel:
+                return True
+            current = base
+        return False
+
+    copies: dict[str, TensorProxy] = {}
+    inserted: dict[int, list] = {}  # index of the value's producer -> the copies to put after it
+    swaps: dict[int, dict] = {}
+    result = from_trace(trace)
+    for index, bsym in enumerate(bsyms):
+        position = ATTENTION_VALUE_POSITIONS.get(bsym.sym.name)
+        if position is None or len(bsym.args) <= position:
+            continue
+        value = bsym.args[position]
+        if not isinstance(value, TensorProxy) or value.name not in producer:
+            continue
+        if value.name not in copies:
+            if not view_of_larger(value):
+                continue
+            with tracectx(result):
+                copy = TensorProxy(like=value)
+            order = tuple(range(value.ndim - 1, -1, -1))
+            copies[value.name] = copy
+            inserted.setdefault(producer[value.name], []).append(prims.stride_order.bind(value, order, output=copy))
+        swaps[index] = {variableify(value): copies[value.name]}
+    if not copies:
+        return trace
+    new_bsyms = []
+    for index, bsym in enumerate(bsyms):
+        if index in swaps:
+            bsym = bsym.from_bsym_swap_proxies(swaps[index], skip_inputs=False, skip_output=True)
+        new_bsyms.append(bsym)
+        new_bsyms.extend(inserted.get(index, ()))
+    result.bound_symbols = new_bsyms
+    result.set_provenance(TraceProvenance(f"remat.copy_attention_values ({len(copies)} values)"))
+    return result
 
 
 def _swap(bsym, replaced: dict):
@@ -252,6 +316,8 @@ def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecuto
         with thunder_context():
             trace = replace_uniform(trace)
     trace = simplify(trace)
+    if policy.attention_value_copy:
+        trace = copy_attention_values(trace)
 
     bsyms = list(trace.bound_symbols)
     kinds = [op_kind(b) for b in bsyms]
