@@ -61,7 +61,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 #: there): room above remat's default plan buys fewer kernels (remat.planning.budget); needs the
 #: torch.compile mode measured earlier in the same run
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-small-in-torch", "remat-value-copy", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -114,11 +114,8 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
     if mode == "remat-nosplit":  # Thunder's autograd glue in one Function (a meta randn less each way)
         jitted = remat.jit(module, thunderfx_disable_split_autograd=True)
         return jitted, remat.executor_of(jitted)
-    if mode == "remat-value-copy":  # attention's v in its own buffer: q, k, v saved, no RoPE recomputation
-        jitted = remat.jit(module, fusion=remat.FusionPolicy(attention_value_copy=True))
-        return jitted, remat.executor_of(jitted)
-    if mode == "remat-small-in-torch":  # small regions as ATen calls (FusionPolicy.small_regions_in_torch)
-        jitted = remat.jit(module, fusion=remat.FusionPolicy(small_regions_in_torch=True))
+    if mode in ("remat-value-copy", "remat-no-value-copy"):  # attention's v in its own buffer (or not): q, k, v saved, no RoPE recomputation
+        jitted = remat.jit(module, fusion=remat.FusionPolicy(attention_value_copy=mode == "remat-value-copy"))
         return jitted, remat.executor_of(jitted)
     if mode == "remat-inductor":  # issue 18: Triton kernels for remat's regions
         jitted = remat.jit(module, runtime="inductor")
@@ -215,8 +212,7 @@ def run(args) -> None:
                 regions = [b for b in res.trace.bound_symbols if b.sym.is_fusion]
                 record["regions"] = len(regions)
                 record["nvfuser_fallbacks"] = [b.sym.name for b in regions if getattr(b._call_ctx[b.sym.name], "failed", None)]
-                backends = [type(b._call_ctx[b.sym.name]).__name__ for b in regions]  # TorchRegionCallable: run as ATen calls
-                record["region_backends"] = {name: backends.count(name) for name in sorted(set(backends))}
+                record["region_backends"] = sorted({type(b._call_ctx[b.sym.name]).__name__ for b in regions})
                 paths = [getattr(b._call_ctx[b.sym.name], "path", None) for b in regions]
                 if any(paths):  # Inductor's regions: how each was called (direct, torch.compile, reference)
                     record["region_paths"] = {path: paths.count(path) for path in sorted(set(paths), key=str)}

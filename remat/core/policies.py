@@ -141,17 +141,12 @@ class FusionPolicy:
     takes both, and nvFuser 0.2.36's segmenter then split the layer-norm backward itself into three
     kernels where it alone runs as one (see docs/benchmarks.md).
 
-    ``small_regions_in_torch``: run a region that is only shape ops, dtype conversions and float32 sums
-    of an input (a bias gradient, a layout copy) as a few ATen calls instead of with nvFuser or Inductor,
-    whose per-call host time (about 100 us) is many times the work (:func:`remat.thunder.runtimes.aten_region`).
-    The regions themselves, and so the plan and the memory model, are the same either way.  Off by
-    default until its step time is measured on a GPU (``benchmarks/gpu_memory.py --modes remat
-    remat-small-in-torch``).
-
-    ``attention_value_copy``: where attention's value operand is a view into a larger buffer (LitGPT's
-    ``v``, a slice of the qkv projection), copy it into its own buffer first
+    ``attention_value_copy`` (on by default): where attention's value operand is a view into a larger
+    buffer (LitGPT's ``v``, a slice of the qkv projection), copy it into its own buffer first
     (:func:`remat.thunder.fuse.copy_attention_values`), so that the cut can save q, k and v for the
-    backward at the bytes of qkv instead of saving qkv and recomputing the rotary embeddings.
+    backward at the bytes of qkv instead of saving qkv and recomputing the rotary embeddings (same saved
+    bytes and estimated peak on LitGPT stablecode-3b and Llama-2-7b; measured on an H100, stablecode-3b
+    x2: 10.64 against 10.84 ms a step, the same peak; docs/benchmarks.md).
     """
 
     linear: bool | str = False
@@ -160,14 +155,13 @@ class FusionPolicy:
     shape_only_regions: bool = False
     transposed_cat: bool = False
     independent_parts: bool = False
-    small_regions_in_torch: bool = False
-    attention_value_copy: bool = False
+    attention_value_copy: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "small_regions_in_torch", "attention_value_copy"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 

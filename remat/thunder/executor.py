@@ -38,7 +38,6 @@ from dataclasses import replace
 from typing import Any
 
 import thunder
-from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, from_trace
 
 from remat.core.policies import FusionPolicy, check_policy
@@ -50,7 +49,6 @@ from remat.thunder.capture import is_joint_trace, is_thunder_compiled
 from remat.thunder.fuse import fuse
 from remat.thunder.read import check_trace
 from remat.thunder.regions import RegionExecutor
-from remat.thunder.runtimes import region_callable
 
 __all__ = ["RematExecutor", "ATTENTION_CHOICES", "DefaultsInstalled", "default_executors", "install_defaults", "jit_with"]
 
@@ -101,9 +99,6 @@ class RematExecutor(RegionExecutor):
 
     def __repr__(self) -> str:
         return f"RematExecutor(runtime={self.runtime!r}, fusion={self.fusion}, optimizer={self.optimizer!r})"
-
-    def region_callable(self, region: BoundSymbol):
-        return region_callable(region, self.runtime, small_regions_in_torch=self.fusion.small_regions_in_torch)
 
     # Thunder calls this with the joint trace
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
