@@ -220,3 +220,15 @@ def test_attention_value_copy_leaves_grouped_query_values_alone():
     would be larger than the qkv buffer, so nothing is copied."""
     joint = traced(**LLAMA_2)  # 2 query groups for 4 heads
     assert copy_attention_values(joint) is joint
+
+
+def test_attention_value_copy_leaves_inference_traces_alone():
+    """Without a backward nothing is recomputed, so a copy would only cost time: an inference trace (here
+    the forward of a training trace alone, no backward attention op) comes back as it was."""
+    from thunder.core.trace import from_trace
+
+    joint = traced(**PYTHIA_2)
+    forward = from_trace(joint)
+    forward.bound_symbols = [b for b in joint.bound_symbols if not b.sym.name.endswith("_bwd")]
+    assert any(b.sym.name == "remat_sdpa_fwd" for b in forward.bound_symbols)
+    assert copy_attention_values(forward) is forward

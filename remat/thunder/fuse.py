@@ -162,7 +162,8 @@ def copy_attention_values(trace: TraceCtx) -> TraceCtx:
     backward.  With ``v`` in its own buffer, saving q, k and v costs the same bytes as ``qkv``, and the cut
     can keep them instead (on LitGPT stablecode-3b and Llama-2-7b it does: same saved bytes and estimated
     peak, no RoPE recomputation).  The copy joins the forward region beside it.  A value expanded from
-    fewer heads (grouped-query attention) is left alone: its copy would hold every head."""
+    fewer heads (grouped-query attention) is left alone: its copy would hold every head; so is a value no
+    backward attention op reads (inference: a kv cache's ``v`` is a view of the whole cache)."""
     bsyms = list(trace.bound_symbols)
     producer = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
 
@@ -179,6 +180,16 @@ def copy_attention_values(trace: TraceCtx) -> TraceCtx:
             current = base
         return False
 
+    # Only values a backward attention op reads: the copy pays by what the backward no longer recomputes;
+    # in an inference trace (a kv cache's v is a view of the whole cache) it would only cost a copy.
+    read_backward = {
+        b.args[position].name
+        for b in bsyms
+        if b.sym.name.endswith("_bwd")
+        and (position := ATTENTION_VALUE_POSITIONS.get(b.sym.name)) is not None
+        and len(b.args) > position
+        and isinstance(b.args[position], TensorProxy)
+    }
     copies: dict[str, TensorProxy] = {}
     inserted: dict[int, list] = {}  # index of the value's producer -> the copies to put after it
     swaps: dict[int, dict] = {}
@@ -188,7 +199,7 @@ def copy_attention_values(trace: TraceCtx) -> TraceCtx:
         if position is None or len(bsym.args) <= position:
             continue
         value = bsym.args[position]
-        if not isinstance(value, TensorProxy) or value.name not in producer:
+        if not isinstance(value, TensorProxy) or value.name not in producer or value.name not in read_backward:
             continue
         if value.name not in copies:
             if not view_of_larger(value):
