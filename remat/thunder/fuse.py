@@ -165,6 +165,18 @@ def copy_attention_values(trace: TraceCtx) -> TraceCtx:
     fewer heads (grouped-query attention) is left alone: its copy would hold every head; so is a value no
     backward attention op reads (inference: a kv cache's ``v`` is a view of the whole cache)."""
     bsyms = list(trace.bound_symbols)
+    # Only values a backward attention op reads: the copy pays by what the backward no longer recomputes;
+    # in an inference trace (a kv cache's v is a view of the whole cache) it would only cost a copy.
+    read_backward = {
+        b.args[position].name
+        for b in bsyms
+        if b.sym.name.endswith("_bwd")
+        and (position := ATTENTION_VALUE_POSITIONS.get(b.sym.name)) is not None
+        and len(b.args) > position
+        and isinstance(b.args[position], TensorProxy)
+    }
+    if not read_backward:  # inference, or no attention: nothing to index
+        return trace
     producer = {p.name: i for i, b in enumerate(bsyms) for p in b.flat_proxy_outs}
 
     def view_of_larger(value: TensorProxy) -> bool:
@@ -180,16 +192,6 @@ def copy_attention_values(trace: TraceCtx) -> TraceCtx:
             current = base
         return False
 
-    # Only values a backward attention op reads: the copy pays by what the backward no longer recomputes;
-    # in an inference trace (a kv cache's v is a view of the whole cache) it would only cost a copy.
-    read_backward = {
-        b.args[position].name
-        for b in bsyms
-        if b.sym.name.endswith("_bwd")
-        and (position := ATTENTION_VALUE_POSITIONS.get(b.sym.name)) is not None
-        and len(b.args) > position
-        and isinstance(b.args[position], TensorProxy)
-    }
     copies: dict[str, TensorProxy] = {}
     inserted: dict[int, list] = {}  # index of the value's producer -> the copies to put after it
     swaps: dict[int, dict] = {}
