@@ -8,6 +8,8 @@ process), with the script's own arguments; remat is put in nvFuser's place throu
 * ``thunder``: ``--without-remat --compile thunder`` (Thunder as shipped: nvFuser + its rematerialization)
 * ``remat``: ``--compile thunder`` with remat installed
 * ``remat-inductor``: the same, remat's regions compiled by Inductor (``--remat-runtime inductor``)
+* ``remat-graph``: the same, remat's planned forward and backward each one Inductor graph
+  (``--remat-runtime inductor-graph``: ``remat.install`` adds remat's graph transform to ``thunder.jit``)
 * ``dynamo_thunder``: ``--without-remat --compile dynamo_thunder`` (ThunderFX)
 * ``dynamo_thunder+remat``: ``--compile dynamo_thunder`` with remat installed
 * ``inductor``: ``--without-remat --compile inductor`` (torch.compile)
@@ -40,6 +42,7 @@ MODES = {
     "thunder": (False, "thunder"),
     "remat": (True, "thunder"),
     "remat-inductor": (True, "thunder"),
+    "remat-graph": (True, "thunder"),
     "dynamo_thunder": (False, "dynamo_thunder"),
     "dynamo_thunder+remat": (True, "dynamo_thunder"),
     "inductor": (False, "inductor"),
@@ -52,8 +55,8 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
     command = [sys.executable, "-m", "remat", "benchmark-litgpt"]
     if not with_remat:
         command.append("--without-remat")
-    if mode == "remat-inductor":
-        command += ["--remat-runtime", "inductor"]
+    if mode in ("remat-inductor", "remat-graph"):
+        command += ["--remat-runtime", {"remat-inductor": "inductor", "remat-graph": "inductor-graph"}[mode]]
     command += [*script_args, "--compile", compile_mode, "--return_metrics_as_json", "true", "--json_path", str(metrics)]
     start = time.perf_counter()
     record: dict = {"mode": mode, "args": script_args}

@@ -61,7 +61,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 #: there): room above remat's default plan buys fewer kernels (remat.planning.budget); needs the
 #: torch.compile mode measured earlier in the same run
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -116,6 +116,9 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         return jitted, remat.executor_of(jitted)
     if mode in ("remat-value-copy", "remat-no-value-copy"):  # attention's v in its own buffer (or not): q, k, v saved, no RoPE recomputation
         jitted = remat.jit(module, fusion=remat.FusionPolicy(attention_value_copy=mode == "remat-value-copy"))
+        return jitted, remat.executor_of(jitted)
+    if mode == "remat-graph":  # issue 18: remat's planned forward and backward each one Inductor graph
+        jitted = remat.jit(module, runtime="inductor-graph")
         return jitted, remat.executor_of(jitted)
     if mode == "remat-inductor":  # issue 18: Triton kernels for remat's regions
         jitted = remat.jit(module, runtime="inductor")
@@ -217,6 +220,16 @@ def run(args) -> None:
                 if any(paths):  # Inductor's regions: how each was called (direct, torch.compile, reference)
                     record["region_paths"] = {path: paths.count(path) for path in sorted(set(paths), key=str)}
                 record["distinct_definitions"] = nvfuser_definitions()
+                import thunder
+
+                graphs = [
+                    b._call_ctx[b.sym.name]
+                    for t in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1])
+                    for b in t.bound_symbols
+                    if b.sym.name.startswith("remat_graph")
+                ]
+                if graphs:  # whole-trace Inductor graphs: how each ran
+                    record["graph_paths"] = [g.path for g in graphs]
                 record["plan_seconds"] = remat_executor.last_seconds
                 record["estimated_peak_mib"] = res.after.peak_bytes / MIB
                 record["estimated_saved_mib"] = res.after.saved_bytes / MIB

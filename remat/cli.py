@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument("--remat-budget", default=None, help="remat's memory budget (as --budget); default: none")
     bench.add_argument(
-        "--remat-runtime", default="auto", choices=("auto", "nvfuser", "inductor", "torch"),
+        "--remat-runtime", default="auto", choices=("auto", "nvfuser", "inductor", "inductor-graph", "torch"),
         help="what runs remat's regions (remat.install(runtime=...)); default auto: nvFuser on a GPU",
     )
     bench.add_argument("--without-remat", action="store_true", help="run the script as Thunder ships it (the anchor)")

@@ -16,6 +16,8 @@ from remat.core.memory import MemoryBudget
 from remat.core.policies import FusionPolicy, RecomputePolicy, check_policy
 from remat.pipeline import optimize
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
+from remat.thunder.graph import InductorGraphTransform
+from remat.thunder.runtimes import GRAPH_RUNTIME
 from remat.thunder.executor import DefaultsInstalled, RematExecutor, default_executors, install_defaults, jit_with
 
 __all__ = ["executor", "executors", "install", "jit", "executor_of"]
@@ -92,7 +94,14 @@ def install(
     """Make remat Thunder's default fusion executor (:func:`executors` with these arguments), so that
     ``thunder.jit(fn)`` and ThunderFX without ``executors=``, e.g. in a trainer you do not own, compile
     with remat.  Scoped: ``with remat.install(): ...`` puts Thunder's defaults back at the end, or call
-    ``.uninstall()`` on the returned object.  Functions jitted while installed keep remat."""
+    ``.uninstall()`` on the returned object.  Functions jitted while installed keep remat.
+    ``runtime="inductor-graph"``: ``"inductor"`` regions, and remat's graph transform added to every
+    ``thunder.jit`` call while installed (:class:`~remat.thunder.executor.DefaultsInstalled`; ThunderFX
+    needs it passed itself: ``ThunderCompiler(..., transforms=[InductorGraphTransform()])``)."""
+    transforms = []
+    if runtime == GRAPH_RUNTIME:
+        runtime = "inductor"
+        transforms.append(InductorGraphTransform())
     return install_defaults(
         executors(
             memory_budget,
@@ -103,7 +112,8 @@ def install(
             strict=strict,
             attention=attention,
             plan=plan,
-        )
+        ),
+        transforms,
     )
 
 
@@ -126,6 +136,10 @@ def jit(
     applies (Hopper GPUs; what PyTorch and torch.compile pick there), else as Thunder would;
     ``"thunder"`` always as Thunder would (see :func:`remat.thunder.executor.default_executors`).
     ``plan=False``: regions only, no rematerialization (see :func:`executor`).
+    ``runtime="inductor-graph"`` (only here, not in :func:`executor`): remat plans as always, then the
+    planned forward and the planned backward each run as one Inductor graph instead of region by region
+    (:mod:`remat.thunder.graph`: one host call each way instead of 30-40); traces it cannot take (random
+    numbers, in-place writes) run with ``"inductor"`` regions.
     Extra keyword arguments go to ``thunder.jit``.  The executor is reachable as
     ``remat.executor_of(jitted)`` to inspect ``last_result`` (the plan of the last compilation).
     """
@@ -134,7 +148,13 @@ def jit(
     for old, new in _RENAMED.items():  # thunder.jit would take them as compile options, silently
         if old in jit_options:
             raise TypeError(f"remat.jit: {old}= was renamed: {new}")
+    graph_transform = None
+    if runtime == GRAPH_RUNTIME:  # Inductor regions, then each planned trace as one graph (a Thunder transform)
+        runtime = "inductor"
+        graph_transform = InductorGraphTransform()
+        jit_options["transforms"] = [*jit_options.get("transforms", ()), graph_transform]
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
+    ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
 
 

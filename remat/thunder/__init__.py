@@ -13,6 +13,7 @@ Thunder, so every module below may ``import thunder`` at its top.
 ``attention`` attention executors (CPU flash attention for memory-faithful traces; cuDNN on Hopper)
 ``nvfuser``   regions as nvFuser FusionDefinitions (``remat.nvfuser``)
 ``executor``  the fusion executor remat puts in nvFuser's place inside ``thunder.jit``
+``graph``     the planned forward and backward each as one Inductor graph (``runtime="inductor-graph"``)
 """
 
 from remat.thunder._compat import import_thunder

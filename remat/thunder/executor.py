@@ -95,6 +95,7 @@ class RematExecutor(RegionExecutor):
         self.last_result: Any = None
         self.last_seconds: float = 0.0
         self.notes: list[str] = []
+        self.graph_transform: Any = None  # remat.jit(runtime="inductor-graph") puts its InductorGraphTransform here
         self._stage = "fusing"  # what fusion_pass is doing, for the fallback warning
 
     def __repr__(self) -> str:
@@ -215,12 +216,27 @@ def jit_with(fn: Callable, remat_executor: RematExecutor, attention: str = "auto
 class DefaultsInstalled:
     """Thunder's default executors replaced by ``executors`` until :meth:`uninstall` (or the end of a
     ``with`` block): ``thunder.jit(fn)`` and ThunderFX without ``executors=`` then compile with them.
-    Undoing puts back exactly the list that was replaced; undoing twice does nothing."""
+    ``transforms``: Thunder has no default transforms, so these are added to every call of ``thunder.jit``
+    (the module attribute, which is what ``thunder.jit(...)`` in a script looks up) while installed; code
+    that imported ``jit`` by name, e.g. ThunderFX's splitter, does not see them.
+    Undoing puts back exactly what was replaced; undoing twice does nothing."""
 
-    def __init__(self, executors: Sequence[Any]) -> None:
+    def __init__(self, executors: Sequence[Any], transforms: Sequence[Any] = ()) -> None:
         self.executors = list(executors)
+        self.transforms = list(transforms)
         self._replaced: list[Any] | None = list(thunder.extend.get_default_executors())
         thunder.extend.set_default_executors(list(self.executors))
+        self._replaced_jit: Callable | None = None
+        if self.transforms:
+            self._replaced_jit = original = thunder.jit
+            extra = self.transforms
+
+            def jit(fn: Callable, *args: Any, transforms: Sequence[Any] | None = None, **kwargs: Any):
+                return original(fn, *args, transforms=[*(transforms or ()), *extra], **kwargs)
+
+            jit.__doc__ = original.__doc__
+            self._jit = jit
+            thunder.jit = jit
 
     @property
     def installed(self) -> bool:
@@ -230,6 +246,10 @@ class DefaultsInstalled:
         if self._replaced is not None:
             thunder.extend.set_default_executors(self._replaced)
             self._replaced = None
+        if self._replaced_jit is not None:
+            if thunder.jit is self._jit:  # someone else's later patch stays theirs
+                thunder.jit = self._replaced_jit
+            self._replaced_jit = None
 
     def __enter__(self) -> "DefaultsInstalled":
         return self
@@ -242,6 +262,7 @@ class DefaultsInstalled:
         return f"DefaultsInstalled([{names}], {'installed' if self.installed else 'uninstalled'})"
 
 
-def install_defaults(executors: Sequence[Any]) -> DefaultsInstalled:
-    """Make ``executors`` Thunder's default executor list (:class:`DefaultsInstalled`)."""
-    return DefaultsInstalled(executors)
+def install_defaults(executors: Sequence[Any], transforms: Sequence[Any] = ()) -> DefaultsInstalled:
+    """Make ``executors`` Thunder's default executor list, and add ``transforms`` to ``thunder.jit``'s
+    (:class:`DefaultsInstalled`)."""
+    return DefaultsInstalled(executors, transforms)

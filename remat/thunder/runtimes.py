@@ -10,6 +10,11 @@ reference as its fallback.
 kernels on a GPU, C++ on a CPU), with the torch reference as its fallback.
 ``"auto"``: nvFuser where it imports and CUDA is available, else torch (with one warning when nvFuser is
 installed but unusable).
+
+``"inductor-graph"`` (:data:`GRAPH_RUNTIME`) is not a region runtime but a whole-trace one: the planned
+forward and backward each run as one Inductor graph (:mod:`remat.thunder.graph`), with ``"inductor"``
+regions as the fallback.  It needs a Thunder transform next to the executor, so only ``remat.jit`` (which
+passes both to ``thunder.jit``) takes it; an executor alone refuses it with a message saying so.
 """
 
 from __future__ import annotations
@@ -29,15 +34,23 @@ from remat.errors import warn
 from remat.thunder import inductor, nvfuser
 from remat.thunder.execute import thunder_context
 
-__all__ = ["RUNTIMES", "resolve_runtime", "region_callable", "region_trace", "TorchRegionCallable"]
+__all__ = ["RUNTIMES", "GRAPH_RUNTIME", "resolve_runtime", "region_callable", "region_trace", "TorchRegionCallable"]
 
-#: The values of ``runtime=``.
+#: The values of ``runtime=`` for regions (what a :class:`~remat.thunder.regions.RegionExecutor` takes).
 RUNTIMES = ("auto", "torch", "nvfuser", "inductor")
+#: The value of ``remat.jit(runtime=...)`` compiling each planned trace as one Inductor graph.
+GRAPH_RUNTIME = "inductor-graph"
 
 
 def resolve_runtime(runtime: str) -> str:
     """``"torch"``, ``"nvfuser"`` or ``"inductor"`` for a value of ``runtime=`` (see the module docstring).  Raises
     ``ValueError`` for an unknown name and ``RuntimeError`` for ``"nvfuser"`` where it cannot run."""
+    if runtime == GRAPH_RUNTIME:
+        raise ValueError(
+            f"runtime={GRAPH_RUNTIME!r} compiles whole traces, which an executor alone cannot do: use "
+            f"remat.jit(fn, runtime={GRAPH_RUNTIME!r}), or thunder.jit(fn, executors=remat.executors(runtime='inductor'), "
+            "transforms=[remat.thunder.graph.InductorGraphTransform()])"
+        )
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "nvfuser":

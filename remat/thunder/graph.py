@@ -1,0 +1,244 @@
+"""Stage 7, *emit*, for a whole trace: remat's planned forward and backward each compiled by TorchInductor as
+one graph (``runtime="inductor-graph"``).
+
+Why: measured on H100s and an H200 (docs/benchmarks.md, "GPU diagnostics"), remat's kernels take about as
+long on the GPU as torch.compile's, but a step calls 30-40 regions plus the matmuls and views between them
+from Python, and each region call costs about 100 us of host time: the GPU waits on the host.  torch.compile
+calls one generated function per forward and one per backward.  Here remat plans as always (which tensors
+the forward saves, what the backward recomputes, in which order: the cut is remat's), and then the body of
+each of Thunder's two execution traces (regions, matmuls, attention, views) is traced once with ``make_fx``
+and handed to Inductor (``compile_fx_inner``) as one graph.  The trace keeps its unpacking and its return;
+its body becomes one bound symbol.
+
+Memory: Inductor frees each buffer after its last use, as Thunder's ``del`` statements do, and it frees the
+graph's inputs too when the caller hands them over (its boxed calling convention).  So the backward's
+saved tensors are not unpacked into local variables (which would keep each of them alive to the end of the
+backward): the body takes the saved-tensor collection itself and empties it.  Inductor orders kernels by
+its own scheduler, not by remat's schedule, and fuses across remat's regions, so the measured peak can
+differ from remat's estimate: the GPU benchmarks report both.
+
+What is left as it is (the trace runs with its regions, as ``runtime="inductor"``): a trace whose body
+draws random numbers (Inductor's generator is not eager PyTorch's, and a dropout mask recomputed in the
+backward must equal the forward's), writes into a tensor in place, or reads a value that is not a tensor
+or a collection of saved tensors.  If tracing or compiling fails on the first call, the body runs as
+Thunder made it from then on, with one warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from thunder.core import prims
+from thunder.core.proxies import Proxy, TensorProxy
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.transform_common import Transform
+
+from remat._logging import logger
+from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
+from remat.errors import warn
+from remat.thunder.read import op_kind
+from remat.thunder.runtimes import TorchRegionCallable, region_trace
+
+__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body"]
+
+#: Bound symbols that frame a trace's body rather than compute: they stay outside the graph.
+_FRAME = frozenset(
+    {
+        prims.PrimIDs.UNPACK_TRIVIAL,
+        prims.PrimIDs.UNPACK_SEQUENCE,
+        prims.PrimIDs.UNPACK_KEY,
+        prims.PrimIDs.UNPACK_EMPTY_DICT,
+        prims.PrimIDs.RETURN,
+    }
+)
+_UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
+
+
+def _is_frame(bsym: BoundSymbol) -> bool:
+    return bsym.sym.id in _FRAME or bsym.sym.id == "clear_mutable_collection" or bsym.sym.name == "clear_mutable_collection"
+
+
+def _is_del(bsym: BoundSymbol) -> bool:
+    return bsym.sym.id == prims.PrimIDs.DEL
+
+
+def _why_not_graphable(bsym: BoundSymbol) -> str | None:
+    """Why this body symbol keeps the trace out of one graph, or None."""
+    stack = [bsym]
+    while stack:
+        current = stack.pop()
+        kind = op_kind(current)
+        if kind in _UNGRAPHABLE_KINDS:
+            return f"{bsym.sym.name} {'draws random numbers' if kind not in IN_PLACE_KINDS else 'writes in place'} ({kind})"
+        stack.extend(current.subsymbols)
+    return None
+
+
+def _traceable(bsym: BoundSymbol) -> BoundSymbol:
+    """``bsym`` as ``make_fx`` can trace it: a remat region runs its prims with the torch reference (its
+    own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls."""
+    if not bsym.sym.is_fusion:
+        return bsym
+    reference = TorchRegionCallable(bsym.sym.name, bsym.subsymbols, bsym.args, bsym.output).build()
+    return bsym.from_bsym(_call_ctx={bsym.sym.name: reference})
+
+
+class GraphCallable:
+    """Runs a trace body as one Inductor graph, built on the first call.
+
+    Arguments: ``drained`` collections first (lists of tensors, emptied on each call so that Inductor may
+    free each tensor after its last use), then tensors.  ``traced`` is the body as plain torch calls (for
+    ``make_fx``), ``fallback`` the body as Thunder made it (regions with their own runtime).  ``path`` is
+    ``"inductor"``, ``"fallback"`` or ``None`` before the first call."""
+
+    def __init__(self, name: str, drained: int, traced: Callable, fallback: Callable):
+        self.name = name
+        self.drained = drained
+        self.traced = traced
+        self.fallback = fallback
+        self.failed: str | None = None
+        self.path: str | None = None
+        self._compiled: dict[tuple, Callable] = {}  # input strides -> compiled graph
+
+    def _flat(self, args: tuple) -> list:
+        flat: list = []
+        for collection in args[: self.drained]:
+            flat.extend(collection)
+            collection.clear()  # the graph owns these tensors now
+        flat.extend(args[self.drained :])
+        return flat
+
+    def _build(self, flat: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        import torch._inductor.config as inductor_config
+
+        with torch.no_grad():
+            graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
+            with inductor_config.patch(size_asserts=False):
+                return compile_fx_inner(graph, list(flat))
+
+    def __call__(self, *args):
+        flat = self._flat(args)
+        del args
+        if self.failed is None:
+            key = tuple(a.stride() if isinstance(a, torch.Tensor) else None for a in flat)
+            compiled = self._compiled.get(key)
+            try:
+                if compiled is None:
+                    compiled = self._compiled[key] = self._build(flat)
+                self.path = "inductor"
+                with torch.no_grad():
+                    return compiled(flat)  # boxed: Inductor empties ``flat`` and frees inputs after last use
+            except Exception as exc:
+                self.failed = f"{type(exc).__name__}: {exc}"
+                warn(
+                    f"Inductor could not compile {self.name} as one graph; it runs region by region instead "
+                    f"({self.failed.splitlines()[0][:200]})",
+                    UserWarning,
+                )
+        self.path = "fallback"
+        return self.fallback(*flat)
+
+    def __repr__(self) -> str:
+        return f"GraphCallable({self.name}, path={self.path})"
+
+
+def compile_trace_body(trace: TraceCtx, name: str) -> tuple[TraceCtx, str | None]:
+    """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
+    one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
+    left as it is."""
+    bsyms = list(trace.bound_symbols)
+    body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
+    if not body_positions:
+        return trace, "nothing to compile"
+    first, last = body_positions[0], body_positions[-1]
+    if any(_is_frame(b) for b in bsyms[first:last]):
+        return trace, "the body is interleaved with unpacking"
+    body = [b for b in bsyms[first : last + 1] if not _is_del(b)]
+    for bsym in body:
+        reason = _why_not_graphable(bsym)
+        if reason is not None:
+            return trace, reason
+
+    defined = {p.name for b in body for p in b.flat_proxy_outs}
+    read: dict[str, Proxy] = {}
+    for bsym in body:
+        for proxy in bsym.flat_proxy_args:
+            if proxy.name not in defined and proxy.name not in read:
+                read[proxy.name] = proxy
+    after = bsyms[last + 1 :]
+    needed_after = {p.name for b in after if not _is_del(b) for p in b.flat_proxy_args}
+    outputs: list[Proxy] = []
+    for bsym in body:
+        for proxy in bsym.flat_proxy_outs:
+            if proxy.name in needed_after and proxy.name not in {o.name for o in outputs}:
+                outputs.append(proxy)
+    if any(not isinstance(p, TensorProxy) for p in (*read.values(), *outputs)):
+        return trace, "the body reads or returns values that are not tensors"
+
+    # Saved tensors unpacked from a collection just before the body: the body takes the collection instead
+    # (and empties it), so that each saved tensor can die at its last use inside the graph.
+    head = bsyms[:first]
+    drained_unpacks = [
+        b
+        for b in head
+        if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE
+        and b.flat_proxy_outs
+        and all(isinstance(o, TensorProxy) for o in b.flat_proxy_outs)
+        and len(b.flat_proxy_outs) == len(b.output)
+        and all(o.name in read for o in b.flat_proxy_outs)
+    ]
+    drained_names = {o.name for b in drained_unpacks for o in b.flat_proxy_outs}
+    collections = [b.args[0] for b in drained_unpacks]
+    collection_names = {c.name for c in collections}
+    tensor_inputs = [p for n, p in read.items() if n not in drained_names]
+    flat_inputs = [o for b in drained_unpacks for o in b.flat_proxy_outs] + tensor_inputs
+
+    with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
+    traced = region_trace([_traceable(b) for b in with_dels], flat_inputs, outputs).python_callable(include_decorators=False)
+    fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
+    callable_ = GraphCallable(name, len(collections), traced, fallback)
+    sym = Symbol(name, meta=None, is_fusion=True, executor=None)
+    graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
+
+    new_head = [
+        b
+        for b in head
+        if b not in drained_unpacks
+        # the body empties the drained collections itself; their names stay defined for it
+        and not (
+            (b.sym.name == "clear_mutable_collection" or _is_del(b))
+            and any(getattr(a, "name", None) in collection_names for a in b.flat_args)
+        )
+    ]
+    new_trace = from_trace(trace)
+    new_trace.bound_symbols = [*new_head, graph_bsym, *[b for b in after if not _is_del(b)]]  # the graph frees its own
+    new_trace.set_provenance(TraceProvenance(f"remat: body compiled as one Inductor graph ({len(body)} symbols)"))
+    return new_trace, None
+
+
+class InductorGraphTransform(Transform):
+    """A Thunder transform compiling the forward and backward execution traces' bodies as one Inductor
+    graph each (:func:`compile_trace_body`), after Thunder's and remat's passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: list[str] = []
+        self._count = 0
+
+    def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
+        name = f"remat_graph{self._count}"
+        new_trace, reason = compile_trace_body(computation_trace, name)
+        if reason is not None:
+            note = f"{computation_trace.siginfo().name}: left region by region ({reason})"
+            logger.info("remat inductor-graph: %s", note)
+            self.notes.append(note)
+        else:
+            self._count += 1
+        return new_trace

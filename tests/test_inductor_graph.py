@@ -1,0 +1,144 @@
+"""``runtime="inductor-graph"``: remat's planned forward and backward each run as one Inductor graph
+(``remat.thunder.graph``; C++ on this CPU, Triton on a GPU, where ``benchmarks/gpu_memory.py`` mode
+``remat-graph`` measures it)."""
+
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+
+import remat
+import remat.thunder  # noqa: F401  (its compat bridge first: then Thunder imports on torch 2.13)
+import thunder
+from conftest import train_step
+from remat.thunder.graph import GraphCallable
+from remat.thunder.inductor import InductorRegionCallable
+from test_inductor import Block
+
+
+def graphs_of(trace) -> list:
+    return [b for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
+
+
+def no_region_compilation(monkeypatch):
+    """Regions (the graph's fallback) run with the torch reference: no C++ build in tests that do not need one."""
+    monkeypatch.setattr(InductorRegionCallable, "_build", lambda self: self.reference.build())
+    monkeypatch.setattr(InductorRegionCallable, "_direct_for", lambda self, args: None)
+
+
+def test_forward_and_backward_each_run_as_one_graph_and_train_like_eager():
+    block = Block()
+    x = torch.randn(4, 16)
+    expected_loss, expected_grads = train_step(block, x)
+    jitted = remat.jit(block, runtime="inductor-graph")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback
+        for _ in range(2):  # the second step reuses the compiled graphs
+            loss, grads = train_step(jitted, x)
+            torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+            for got, want in zip(grads, expected_grads):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    forward, backward = thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]
+    for trace in (forward, backward):
+        (graph,) = graphs_of(trace)
+        callable_ = graph._call_ctx[graph.sym.name]
+        assert callable_.path == "inductor" and callable_.failed is None and len(callable_._compiled) == 1
+        # nothing but the graph computes: the rest unpacks, clears collections and returns
+        assert not any(b.sym.is_fusion and b is not graph for b in trace.bound_symbols)
+    # remat planned as always: the plan's regions are inside the graphs
+    assert remat.executor_of(jitted).last_result is not None
+    # the backward takes the saved tensors as their collection (emptied by the call), not unpacked names
+    (graph,) = graphs_of(backward)
+    assert type(graph.args[0]).__name__ == "CollectionProxy"
+    assert not any(b.sym.name == "unpack_sequence" and b.args[0].name == graph.args[0].name for b in backward.bound_symbols)
+
+
+def test_the_graph_owns_the_saved_tensors_it_is_handed():
+    """Each saved tensor can be freed inside the graph at its last use: once the graph has taken them, no
+    one else (not the caller, not the collection) refers to them."""
+    saved = [torch.ones(3), torch.full((3,), 2.0)]
+    first = weakref.ref(saved[0])
+    seen = {}
+
+    def boxed(args):  # what Inductor's generated code does with its inputs
+        a, b, c = args
+        args.clear()
+        total = a + b
+        del a
+        gc.collect()
+        seen["first_alive"] = first() is not None
+        return [total + c]
+
+    callable_ = GraphCallable("remat_graph_test", 1, traced=None, fallback=None)
+    callable_._build = lambda flat: boxed
+    (out,) = callable_(saved, torch.full((3,), 4.0))
+    assert saved == [] and seen["first_alive"] is False
+    torch.testing.assert_close(out, torch.full((3,), 7.0))
+
+
+def test_a_graph_inductor_cannot_compile_runs_region_by_region(monkeypatch):
+    no_region_compilation(monkeypatch)
+
+    def refuse(self, flat):
+        raise RuntimeError("Inductor cannot lower this graph")
+
+    monkeypatch.setattr(GraphCallable, "_build", refuse)
+    block = Block()
+    x = torch.randn(4, 16)
+    expected_loss, expected_grads = train_step(block, x)
+    jitted = remat.jit(block, runtime="inductor-graph")
+    with pytest.warns(UserWarning, match="could not compile remat_graph.*Inductor cannot lower this graph"):
+        loss, grads = train_step(jitted, x)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
+        (graph,) = graphs_of(trace)
+        assert graph._call_ctx[graph.sym.name].path == "fallback"
+
+
+def test_a_forward_drawing_random_numbers_stays_region_by_region(monkeypatch):
+    """Inductor's random numbers are not eager's: a trace that draws any keeps its regions (and their
+    numbers), so a dropout mask recomputed in the backward equals the forward's."""
+    no_region_compilation(monkeypatch)
+    block = Block(dropout=0.5)
+    x = torch.randn(4, 16)
+    torch.manual_seed(3)
+    expected_loss, expected_grads = train_step(remat.jit(block, runtime="torch"), x)
+    torch.manual_seed(3)
+    jitted = remat.jit(block, runtime="inductor-graph")
+    loss, grads = train_step(jitted, x)
+    assert torch.equal(loss, expected_loss)
+    for got, want in zip(grads, expected_grads):  # the backward may be one graph (other rounding), same mask
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    forward = thunder.last_traces(jitted)[-1]
+    assert not graphs_of(forward) and any(b.sym.is_fusion for b in forward.bound_symbols)
+    notes = remat.executor_of(jitted).graph_transform.notes  # nothing lost silently: the reason is kept
+    assert any(note.startswith("computation: left region by region") and "random" in note for note in notes)
+
+
+def test_an_executor_alone_refuses_the_graph_runtime():
+    with pytest.raises(ValueError, match=r"remat\.jit\(fn, runtime='inductor-graph'\)"):
+        remat.executor(runtime="inductor-graph")
+
+
+def test_install_adds_the_graph_transform_to_thunder_jit_while_installed(monkeypatch):
+    """Scripts that call ``thunder.jit`` themselves (Thunder's benchmark_litgpt) get the graphs too."""
+    monkeypatch.setattr(GraphCallable, "_build", lambda self, flat: lambda args: self.traced(*args))  # no C++ build
+    original = thunder.jit
+    block = Block()
+    x = torch.randn(4, 16)
+    expected_loss, expected_grads = train_step(block, x)
+    with remat.install(runtime="inductor-graph") as installed:
+        assert thunder.jit is not original and len(installed.transforms) == 1
+        jitted = thunder.jit(block)
+        loss, grads = train_step(jitted, x)
+    assert thunder.jit is original
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
+        (graph,) = graphs_of(trace)
+        assert graph._call_ctx[graph.sym.name].path == "inductor"
