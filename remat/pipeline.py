@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from remat.core.collector import collector_paused
 from remat.core.ir import FORWARD, FusionGraph, describe_values
 from remat.core.memory import MemoryBudget, MemoryProfile, profile_graph
 from remat.core.units import format_bytes, format_flops, format_seconds, format_share
@@ -144,6 +145,7 @@ class Result:
 _KEPT = {"remat": "remat's plan", "thunder": "Thunder's rematerialize", "unplanned": "the trace as it came"}
 
 
+@collector_paused  # the stages allocate heavily and make next to no cyclic garbage: remat.core.collector
 def optimize(
     trace: TraceCtx,
     memory_budget: MemoryBudget | int | float | str | None = None,

@@ -2,6 +2,7 @@
 
 ``ops`` (the op table), ``strides`` and ``views`` (which values alias which storage), ``storage`` (in-place
 hazards), ``ir`` (the FusionGraph and its parts), ``plain`` (networkx graphs adopted as the IR),
-``memory`` (the memory model and budgets), ``policies`` (what may be recomputed, what may fuse) and
-``layout`` (how a plan changes a trace, unit by unit).
+``memory`` (the memory model and budgets), ``policies`` (what may be recomputed, what may fuse),
+``layout`` (how a plan changes a trace, unit by unit) and ``collector`` (Python's garbage collector,
+paused while remat plans).
 """

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
-from remat.core.memory import lifetimes, profile_graph
+from remat.core.memory import profile_with_lifetimes
 from remat.core.ops import ALWAYS_VIEW_PRIMS, RETURN_KIND, VIEW_PRIMS
 from remat.core.views import alias_base, region_views
 
@@ -320,37 +320,93 @@ def _inputs_of(graph: FusionGraph, nodes: tuple[int, ...]) -> list[str]:
     return cache[key]
 
 
-def _closure(graph: FusionGraph, saved: set[str], values: Sequence[str]) -> list[int]:
-    """Forward op nodes recomputing ``values`` from saved values, parameters and inputs (node order)."""
-    ops, tensors, units = graph.ops, graph.tensors, graph.units
+def _forward_activation_reads(graph: FusionGraph) -> list[tuple[str, ...]]:
+    """For every op node, the values it reads that forward units made as activations (what a closure
+    recomputes unless saved), in read order; once per graph."""
+    cache = _MEMO.setdefault(graph, {})
+    reads = cache.get("activation reads")
+    if reads is None:
+        tensors, units = graph.tensors, graph.units
 
-    def producer(name: str) -> int:
+        def made_in_forward(name: str) -> bool:
+            info = tensors.get(name)
+            return (
+                info is not None and info.kind == "activation" and info.producer_unit is not None
+                and units[info.producer_unit].phase == FORWARD
+            )
+
+        reads = cache["activation reads"] = [tuple(r for r in op.inputs if made_in_forward(r)) for op in graph.ops]
+    return reads
+
+
+def _closure(graph: FusionGraph, saved: set[str], values: Sequence[str]) -> list[int]:
+    """Forward op nodes recomputing ``values`` from saved values, parameters and inputs (node order):
+    :func:`recompute_closure` written out on the graph's tables (it runs for every backward unit of
+    every plan a budget search lays out)."""
+    tensors = graph.tensors
+    activation_reads = _forward_activation_reads(graph)
+    chosen: set[int] = set()
+    stack = list(values)
+    seen = set(stack)
+    while stack:
+        name = stack.pop()
         info = tensors.get(name)
         if info is None or info.producer_node is None:
             raise AssertionError(f"no producer for recomputed value {name}")
-        return info.producer_node
+        node = info.producer_node
+        if node in chosen:
+            continue
+        chosen.add(node)
+        for read in activation_reads[node]:
+            if read not in seen and read not in saved:
+                seen.add(read)
+                stack.append(read)
+    return sorted(chosen)
 
-    def missing(node: int) -> Iterable[str]:
-        for read in ops[node].inputs:
-            info = tensors.get(read)
-            if info is not None and info.kind == "activation" and read not in saved and units[info.producer_unit].phase == FORWARD:
-                yield read
 
-    return sorted(recompute_closure(values, producer, missing))
+def _single_tensor_inputs(graph: FusionGraph) -> list[str | None]:
+    """For every op node, its one tensor input (None when it reads none or several); once per graph."""
+    cache = _MEMO.setdefault(graph, {})
+    single = cache.get("single input")
+    if single is None:
+        tensors = graph.tensors
+        single = []
+        for op in graph.ops:
+            tensor_inputs = [a for a in op.inputs if a in tensors and tensors[a].kind != "number"]
+            single.append(tensor_inputs[0] if len(tensor_inputs) == 1 else None)
+        cache["single input"] = single
+    return single
 
 
 def _region_views(graph: FusionGraph, nodes: Iterable[int], inputs: Iterable[str], outputs: Iterable[str], base_of) -> dict[str, str]:
-    """The region rule of :func:`remat.core.views.region_views` on op nodes of ``graph``."""
-    ops, tensors = graph.ops, graph.tensors
+    """The region rule of :func:`remat.core.views.region_views` on op nodes of ``graph``.
 
-    def members():
-        for n in nodes:
-            op = ops[n]
-            tensor_inputs = [a for a in op.inputs if a in tensors and tensors[a].kind != "number"]
-            if len(tensor_inputs) == 1:
-                yield tensor_inputs[0], op.outputs, n
+    Which values are views, and of which region input or output each chain starts from, depends on the
+    nodes and the region's signature alone: it is remembered per graph (a budget search lays out the
+    same regions in every candidate plan); only the storage of those starts (``base_of``) is asked anew."""
+    cache = _MEMO.setdefault(graph, {})
+    nodes = tuple(nodes)
+    key = ("views", nodes, tuple(inputs), tuple(outputs))
+    starts = cache.get(key)
+    if starts is None:
+        ops, single = graph.ops, _single_tensor_inputs(graph)
+        members = ((single[n], ops[n].outputs, n) for n in nodes if single[n] is not None)
+        starts = cache[key] = region_views(members, set(key[2]) | set(key[3]), lambda name: name, graph.view_ops.__contains__)
+    if not starts:
+        return {}
+    bases = {start: base_of(start) for start in dict.fromkeys(starts.values())}
+    return {name: bases[start] for name, start in starts.items()}
 
-    return region_views(members(), set(inputs) | set(outputs), base_of, graph.view_ops.__contains__)
+
+def _hoisted_views(graph: FusionGraph, nodes: tuple[int, ...], outputs: tuple[str, ...]) -> tuple[int, ...]:
+    """:func:`_hoistable` for a region of ``nodes`` writing ``outputs``, remembered per graph (most
+    regions are the same in every plan a budget search lays out)."""
+    cache = _MEMO.setdefault(graph, {})
+    key = ("hoisted", nodes, outputs)
+    hoisted = cache.get(key)
+    if hoisted is None:
+        hoisted = cache[key] = _hoistable(graph, nodes, outputs, _inputs_of(graph, nodes))
+    return hoisted
 
 
 def _hoistable(graph: FusionGraph, nodes: Sequence[int], outputs: Sequence[str], inputs: Sequence[str]) -> tuple[int, ...]:
@@ -490,8 +546,7 @@ def _lay_out(graph: FusionGraph, saved: frozenset[str], recomputed: frozenset[st
             nodes, outputs = edit.recompute + unit.nodes, unit.outputs
         else:
             nodes, outputs = unit.nodes, unit.outputs
-        inputs = _inputs_of(graph, tuple(nodes))
-        hoisted = _hoistable(graph, nodes, outputs, inputs)
+        hoisted = _hoisted_views(graph, tuple(nodes), tuple(outputs))
         if hoisted:
             action = "rebuild" if edit.action == "keep" else edit.action
             edits[index] = replace(edit, action=action, nodes=nodes or unit.nodes, outputs=outputs, hoisted=hoisted)
@@ -565,8 +620,7 @@ def host_recomputations(graph: FusionGraph, layout: Layout, saved: Collection[st
     # replaces) keeps R's outputs alive over the steps in between and frees the inputs R reads last
     # earlier; accepted while the live bytes there stay within the peak of ``layout``
     simulated, unit_row = _layout_rows(graph, layout)
-    profile = profile_graph(simulated)
-    _, _, end = lifetimes(simulated)
+    profile, _, end = profile_with_lifetimes(simulated)
     step_of = {point.unit: point.step for point in profile.timeline}
     live = [point.live_bytes for point in profile.timeline]
     sim_tensors = simulated.tensors
@@ -594,6 +648,18 @@ def host_recomputations(graph: FusionGraph, layout: Layout, saved: Collection[st
 def _activation(tensors: dict[str, TensorInfo], name: str) -> bool:
     info = tensors.get(name)
     return info is not None and info.kind not in ("param", "input", "number")
+
+
+def _split_seed(graph: FusionGraph) -> frozenset[str]:
+    """What Thunder's split starts from (:func:`split_phases`): the forward outputs, parameters and
+    inputs; once per graph."""
+    cache = _MEMO.setdefault(graph, {})
+    seed = cache.get("split seed")
+    if seed is None:
+        seed = cache["split seed"] = frozenset(graph.forward_outputs).union(
+            n for n, t in graph.tensors.items() if t.kind in ("param", "input")
+        )
+    return seed
 
 
 def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
@@ -741,8 +807,7 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
     if graph.plain:  # phases of plain graphs are given
         phases = row_phases
     elif graph.is_joint:  # what Thunder's split will decide for the rewritten trace
-        seed = set(graph.forward_outputs) | {n for n, t in graph.tensors.items() if t.kind in ("param", "input")}
-        phases = split_phases([r[3] for r in rows], [r[2] for r in rows], kinds, seed)
+        phases = split_phases([r[3] for r in rows], [r[2] for r in rows], kinds, _split_seed(graph))
     else:
         phases = [FORWARD] * len(rows)
     units: list[Unit] = []
@@ -755,6 +820,8 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
             # region outputs are fresh buffers unless they are views of the region's inputs or outputs;
             # stand-alone views keep (or, when hoisted, get) their base
             alias = aliases.get(out, info.alias_of if kind == "op" else None)
+            if info.producer_unit == index and info.phase == phase and info.alias_of == alias:
+                continue  # unchanged (most forward values): the graph's own record, one allocation fewer
             if info.kind in ("param", "input"):
                 tensors[out] = info._replace(producer_unit=index)
             else:

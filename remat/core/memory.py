@@ -35,7 +35,7 @@ from remat.core.units import format_bytes  # noqa: F401  (re-exported: remat.cor
 from remat.core.views import alias_base
 
 __all__ = [
-    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "lifetimes", "live_at", "save_cost", "held_storage", "tensor_save_cost",
+    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "profile_with_lifetimes", "lifetimes", "live_at", "save_cost", "held_storage", "tensor_save_cost",
     "format_bytes",
 ]
 
@@ -77,33 +77,38 @@ class MemoryProfile:
         )
 
 
+#: Kinds of values the timeline does not count.
+_UNCOUNTED = frozenset({"param", "input", "number"})
+
+
 def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, int]]:
     """Execution order (unit indices) and, for every counted base buffer, the first and last step at
     which it is alive (``start``, ``end``; ``end == len(order)`` means held to the end of the step)."""
-    tensors = graph.tensors
+    tensors, units = graph.tensors, graph.units
     order = graph.execution_order()
     end_of_step = len(order)
     start: dict[str, int] = {}
     end: dict[str, int] = {}
+    # alias_base inlined: this runs for every unit of every plan a budget search evaluates
     for step, unit_index in enumerate(order):
-        unit = graph.units[unit_index]
+        unit = units[unit_index]
         for name in unit.outputs:
             info = tensors.get(name)
-            if info is None or info.kind in ("param", "input", "number"):
+            if info is None or info.kind in _UNCOUNTED:
                 continue
-            base = alias_base(name, graph.tensors)
-            base_info = tensors.get(base)
-            if base_info is None or base_info.kind in ("param", "input", "number"):
+            base = info.alias_of or name
+            base_info = info if base == name else tensors.get(base)
+            if base_info is None or base_info.kind in _UNCOUNTED:
                 continue
             if base not in start:
                 start[base] = step
                 end[base] = step
+        last = end_of_step if unit.kind == "return" else step
         for name in unit.inputs:
-            base = alias_base(name, graph.tensors)
-            if base in start:
-                last = end_of_step if unit.kind == "return" else step
-                if last > end[base]:
-                    end[base] = last
+            info = tensors.get(name)
+            base = (info.alias_of or name) if info is not None else name
+            if base in start and last > end[base]:
+                end[base] = last
     return order, start, end
 
 
@@ -116,6 +121,12 @@ def live_at(graph: FusionGraph, step: int) -> list[tuple[str, int]]:
 
 def profile_graph(graph: FusionGraph) -> MemoryProfile:
     """Run the memory model on a :class:`~remat.core.ir.FusionGraph` (see the module docstring)."""
+    return profile_with_lifetimes(graph)[0]
+
+
+def profile_with_lifetimes(graph: FusionGraph) -> tuple[MemoryProfile, dict[str, int], dict[str, int]]:
+    """:func:`profile_graph` and the ``start`` / ``end`` steps of :func:`lifetimes` it was computed from,
+    for callers that need both (the budget search asks what is alive at a plan's peak)."""
     tensors = graph.tensors
     order, start, end = lifetimes(graph)
     end_of_step = len(order)
@@ -169,7 +180,7 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
         peak_bytes, peak_step, peak_name = 0, -1, ""
     forward_peak = max((p.live_bytes for p in timeline if p.phase == FORWARD), default=0)
     backward_peak = max((p.live_bytes for p in timeline if p.phase == BACKWARD), default=0)
-    return MemoryProfile(
+    profile = MemoryProfile(
         peak_bytes=peak_bytes,
         saved_bytes=saved_bytes,
         timeline=tuple(timeline),
@@ -181,6 +192,7 @@ def profile_graph(graph: FusionGraph) -> MemoryProfile:
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
     )
+    return profile, start, end
 
 
 def save_cost(graph: FusionGraph, name: Hashable, *, held: Collection[str] | None = None) -> int:

@@ -76,9 +76,10 @@ import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from remat.core.collector import collector_paused
 from remat.core.ir import FORWARD, FusionGraph
 from remat.core.layout import layout_graph, plan_layout, read_outside_regions
-from remat.core.memory import MemoryBudget, MemoryProfile, held_storage, lifetimes, profile_graph, save_cost
+from remat.core.memory import MemoryBudget, MemoryProfile, held_storage, profile_graph, profile_with_lifetimes, save_cost
 from remat.core.policies import RecomputePolicy
 from remat.core.views import alias_base
 from remat.errors import GraphError
@@ -159,9 +160,9 @@ def plan_memory(graph: FusionGraph, plan: Plan) -> MemoryProfile:
     return profile_graph(layout_graph(graph, getattr(plan, "layout", None) or plan_layout(graph, plan)))
 
 
-def _peak_weights(graph: FusionGraph, simulated: FusionGraph, plan: Plan, peak_step: int) -> dict[str, float]:
-    """Weights making the plan's saved values that are not alive at its peak cheap to keep."""
-    _, start, end = lifetimes(simulated)
+def _peak_weights(graph: FusionGraph, plan: Plan, start: Mapping[str, int], end: Mapping[str, int], peak_step: int) -> dict[str, float]:
+    """Weights making the plan's saved values that are not alive at its peak cheap to keep (``start``,
+    ``end``: the lifetimes of its simulated trace, :func:`remat.core.memory.lifetimes`)."""
     alive = {b for b, s in start.items() if s <= peak_step <= end[b]}
     weights = {}
     for value in plan.saved:
@@ -230,12 +231,11 @@ class _Search:
         if key in self.evaluated:
             return None
         layout = plan.layout or plan_layout(self.graph, plan)
-        simulated = layout_graph(self.graph, layout)
-        profile = profile_graph(simulated)
+        profile, start, end = profile_with_lifetimes(layout_graph(self.graph, layout))
         point = ParetoPoint(profile.peak_bytes, layout.extra_flops, plan, profile.saved_bytes, price, found)
         self.points.append(point)
         self.evaluated[key] = point
-        return point, _peak_weights(self.graph, simulated, plan, profile.peak_step)
+        return point, _peak_weights(self.graph, plan, start, end, profile.peak_step)
 
     def peak(self, plan: Plan, price: float, found: str) -> int:
         """The estimated peak of ``plan``, evaluating it if it is new."""
@@ -383,6 +383,7 @@ def _prefix_lengths(flops: list[int], count: int) -> list[int]:
     return lengths
 
 
+@collector_paused  # dozens of simulated plans: see remat.core.collector
 def pareto(
     graph: FusionGraph,
     *,
@@ -518,6 +519,7 @@ def choose(frontier: list[ParetoPoint], budget_bytes: int) -> tuple[ParetoPoint,
     return frontier[-1], False
 
 
+@collector_paused
 def plan_for_budget(
     graph: FusionGraph,
     memory_budget: MemoryBudget,

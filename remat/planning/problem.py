@@ -23,12 +23,13 @@ needed by the backward is *recomputed* there.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from remat.core.ir import FORWARD, FusionGraph
+from remat.core.ir import FORWARD, FusionGraph, Op
 from remat.core.layout import read_outside_regions
 from remat.core.memory import held_storage
 from remat.core.memory import save_cost as value_save_cost
@@ -122,17 +123,10 @@ def build_problem(
         raise GraphError("this FusionGraph was read without operations; the solver needs them (remat.read_trace(trace))")
     policy = recompute or RecomputePolicy()
     weights = weights or {}
-    hazards = graph.mutation_hazards
-    tensors = graph.tensors
-    held = held_storage(tensors, graph.forward_outputs)
-    values: list[str] = []
-    value_index: dict[str, int] = {}
-    save_cost: dict[str, int] = {}
-    value_bytes: dict[str, int] = {}
-    producer: dict[str, Hashable] = {}
+    network = _network(graph)
+    value_index = network.value_index
     pinned: set[str] = set()
     unsavable: set[str] = set()
-    op_flops: dict[Hashable, int] = {}
 
     kept = frozenset(keep)
     if not policy.unfused_readers:  # values a backward op outside every region reads stay saved
@@ -141,55 +135,36 @@ def build_problem(
     priced_set: set[Hashable] = set()
     if priced_ops is not None and not isinstance(priced_ops, (set, frozenset)):
         priced_ops = set(priced_ops)
-    for op in graph.ops:
-        if op.phase != FORWARD or op.kind == RETURN_KIND or op.is_input or op.is_param:
-            continue
-        if op.id in hazards:  # reads a buffer that is written in place later: never recomputed
+    may_price = math.isfinite(recompute_price)
+    for op, names, (fixed, free, priceable) in zip(network.ops, network.op_values, _op_rules(graph, network, policy, priced)):
+        if fixed is False:  # reads a buffer written in place later, or the graph says so
             allowed = False
         elif kept and not kept.isdisjoint(op.outputs):
             allowed = False  # asked to keep (``keep``, or its recomputation could not fuse into its reader)
-        elif op.recompute is None:
-            allowed = policy.allows(op.tags, op.fusible)
-            # A re-gather the policy allows costs communication: free without a price (the plan saves
-            # as few bytes as it can, ZeRO3), priced at its FLOP-equivalent when a budget search prices.
-            regather = allowed and REGATHER_TAG in op.tags
-            if regather and priced is not None:
-                allowed = False
-            if (
-                not allowed
-                and priced is not None
-                and (regather or priced.allows(op.tags, op.fusible))
-                and math.isfinite(recompute_price)
-                and (priced_ops is None or op.id in priced_ops)
-            ):
-                share = recompute_price * op.flops / max(len(op.outputs), 1)
-                for name in op.outputs:
-                    price[name] = max(int(round(share)), 1)
-                priced_set.add(op.id)
-                allowed = True
+        elif fixed is not None:  # the graph's own say (plain graphs)
+            allowed = fixed
+        elif free:
+            allowed = True
+        elif priceable and may_price and (priced_ops is None or op.id in priced_ops):
+            share = recompute_price * op.flops / max(len(op.outputs), 1)
+            for name in op.outputs:
+                price[name] = max(int(round(share)), 1)
+            priced_set.add(op.id)
+            allowed = True
         else:
-            allowed = op.recompute == "allowed"
-        op_flops[op.id] = op.flops
-        for name, nbytes in zip(op.outputs, op.output_bytes):
-            info = tensors.get(name)
-            if info is not None and info.kind in ("param", "input"):
-                continue
-            cost = value_save_cost(graph, name, held=held)
-            if name in weights:
-                cost = int(round(cost * weights[name]))
-            value_index[name] = len(values)
-            values.append(name)
-            save_cost[name] = cost
-            value_bytes[name] = nbytes
-            producer[name] = op.id
-            if not allowed:
-                pinned.add(name)
-            if not op.savable or (allowed and REGATHER_TAG in op.tags and op.kind in ALL_GATHER_KINDS):
-                # A re-gather's future holds the gathered buffer but counts 0 bytes: saving it instead
-                # of its wait's output would look free.  It is re-issued whole, or its wait's output
-                # (which the memory model counts) is what the cut keeps.
-                unsavable.add(name)
+            allowed = False
+        if not allowed:
+            pinned.update(names)
+        if not op.savable or (allowed and REGATHER_TAG in op.tags and op.kind in ALL_GATHER_KINDS):
+            # A re-gather's future holds the gathered buffer but counts 0 bytes: saving it instead
+            # of its wait's output would look free.  It is re-issued whole, or its wait's output
+            # (which the memory model counts) is what the cut keeps.
+            unsavable.update(names)
 
+    save_cost = dict(network.save_cost)
+    for name, weight in weights.items():
+        if name in save_cost:
+            save_cost[name] = int(round(network.save_cost[name] * weight))
     tails: list[int] = []
     heads: list[int] = []
     caps: list[int] = []
@@ -205,7 +180,93 @@ def build_problem(
             tails.append(SOURCE)
             heads.append(2 + 2 * i)
             caps.append(price[name])
+    # each problem gets its own containers (a FlowProblem is mutable); copying them is cheap
+    values, value_bytes, producer = list(network.values), dict(network.value_bytes), dict(network.producer)
+    reads, backward_reads, op_flops = dict(network.reads), set(network.backward_reads), dict(network.op_flops)
+    tails = np.concatenate([np.asarray(tails, dtype=np.int64), network.data_tails])
+    heads = np.concatenate([np.asarray(heads, dtype=np.int64), network.data_heads])
+    caps = np.concatenate([np.asarray(caps, dtype=np.int64), np.full(len(network.data_tails), INFINITE, dtype=np.int64)])
 
+    return FlowProblem(
+        values=values,
+        value_index=dict(value_index),
+        tails=tails,
+        heads=heads,
+        capacities=caps,
+        save_cost=save_cost,
+        value_bytes=value_bytes,
+        producer=producer,
+        reads=reads,
+        backward_reads=backward_reads,
+        pinned=pinned,
+        op_flops=op_flops,
+        unsavable=unsavable,
+        priced_ops=priced_set,
+        graph=graph,
+    )
+
+
+@dataclass(frozen=True)
+class _Network:
+    """The parts of a graph's flow network that no policy, price, weight or kept value changes: its
+    values (the outputs of forward ops, parameters and inputs aside) with their unweighted save costs,
+    and the edges of data dependencies and backward reads (all infinite).  ``ops``: the forward ops
+    :func:`build_problem` decides on, in graph order; ``op_values[k]``: the network values of ``ops[k]``."""
+
+    ops: tuple[Op, ...]
+    op_values: tuple[tuple[str, ...], ...]
+    values: tuple[str, ...]
+    value_index: dict[str, int]
+    save_cost: dict[str, int]
+    value_bytes: dict[str, int]
+    producer: dict[str, Hashable]
+    op_flops: dict[Hashable, int]
+    reads: dict[Hashable, tuple[str, ...]]
+    backward_reads: frozenset[str]
+    data_tails: np.ndarray
+    data_heads: np.ndarray
+    #: per (recompute, priced) policy pair, :func:`_op_rules`
+    rules: dict = field(default_factory=dict)
+
+
+#: Per graph (dropped with it): its :class:`_Network` (a budget search builds dozens of problems of one graph).
+_NETWORKS: weakref.WeakKeyDictionary[FusionGraph, _Network] = weakref.WeakKeyDictionary()
+
+
+def _network(graph: FusionGraph) -> _Network:
+    network = _NETWORKS.get(graph)
+    if network is not None:
+        return network
+    tensors = graph.tensors
+    held = held_storage(tensors, graph.forward_outputs)
+    ops: list[Op] = []
+    op_values: list[tuple[str, ...]] = []
+    values: list[str] = []
+    value_index: dict[str, int] = {}
+    save_cost: dict[str, int] = {}
+    value_bytes: dict[str, int] = {}
+    producer: dict[str, Hashable] = {}
+    op_flops: dict[Hashable, int] = {}
+    for op in graph.ops:
+        if op.phase != FORWARD or op.kind == RETURN_KIND or op.is_input or op.is_param:
+            continue
+        op_flops[op.id] = op.flops
+        names: list[str] = []
+        for name, nbytes in zip(op.outputs, op.output_bytes):
+            info = tensors.get(name)
+            if info is not None and info.kind in ("param", "input"):
+                continue
+            value_index[name] = len(values)
+            values.append(name)
+            save_cost[name] = value_save_cost(graph, name, held=held)
+            value_bytes[name] = nbytes
+            producer[name] = op.id
+            names.append(name)
+        ops.append(op)
+        op_values.append(tuple(names))
+
+    tails: list[int] = []
+    heads: list[int] = []
     reads: dict[Hashable, tuple[str, ...]] = {}
     backward_reads: set[str] = set()
     for op in graph.ops:
@@ -231,28 +292,44 @@ def build_problem(
                 for name in read:
                     tails.append(3 + 2 * value_index[name])
                     heads.append(2 + 2 * j)
-                    caps.append(INFINITE)
         else:
             for name in read:
                 backward_reads.add(name)
                 tails.append(3 + 2 * value_index[name])
                 heads.append(SINK)
-                caps.append(INFINITE)
-
-    return FlowProblem(
-        values=values,
-        value_index=value_index,
-        tails=np.asarray(tails, dtype=np.int64),
-        heads=np.asarray(heads, dtype=np.int64),
-        capacities=np.asarray(caps, dtype=np.int64),
-        save_cost=save_cost,
-        value_bytes=value_bytes,
-        producer=producer,
-        reads=reads,
-        backward_reads=backward_reads,
-        pinned=pinned,
-        op_flops=op_flops,
-        unsavable=unsavable,
-        priced_ops=priced_set,
-        graph=graph,
+    network = _NETWORKS[graph] = _Network(
+        tuple(ops), tuple(op_values), tuple(values), value_index, save_cost, value_bytes, producer, op_flops, reads,
+        frozenset(backward_reads), np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64),
     )
+    return network
+
+
+def _op_rules(
+    graph: FusionGraph, network: _Network, policy: RecomputePolicy, priced: RecomputePolicy | None
+) -> list[tuple[bool | None, bool, bool]]:
+    """For each op of ``network``, what the policies alone decide: ``(fixed, free, priceable)``.
+    ``fixed``: False for an op reading a buffer written in place later, the op's own ``recompute``
+    setting (plain graphs), else None; ``free``: ``policy`` allows it (a re-gather only without
+    ``priced``); ``priceable``: ``priced`` would allow it at a price.  ``keep``, the price and
+    ``priced_ops`` are :func:`build_problem`'s to apply.  Once per graph and policy pair."""
+    key = (policy, priced)
+    rules = network.rules.get(key)
+    if rules is not None:
+        return rules
+    hazards = graph.mutation_hazards
+    rules = []
+    for op in network.ops:
+        if op.id in hazards:  # reads a buffer that is written in place later: never recomputed
+            rules.append((False, False, False))
+        elif op.recompute is not None:
+            rules.append((op.recompute == "allowed", False, False))
+        else:
+            allowed = policy.allows(op.tags, op.fusible)
+            # A re-gather the policy allows costs communication: free without a price (the plan saves
+            # as few bytes as it can, ZeRO3), priced at its FLOP-equivalent when a budget search prices.
+            regather = allowed and REGATHER_TAG in op.tags
+            free = allowed and not (regather and priced is not None)
+            priceable = not free and priced is not None and (regather or priced.allows(op.tags, op.fusible))
+            rules.append((None, free, priceable))
+    network.rules[key] = rules
+    return rules
