@@ -428,6 +428,28 @@ def test_jit_inductor_training_step_matches_eager(family):
     ]
 
 
+@pytest.mark.parametrize("family", list(JIT_MODELS))
+def test_jit_inductor_graph_training_step_matches_eager(family):
+    """``runtime="inductor-graph"``: the planned forward and backward each one Inductor graph, none fell back."""
+    import thunder
+
+    model, reference, idx = model_pair(family, seq=64)
+    jitted = remat.jit(model, runtime="inductor-graph")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            loss, grads = train_step(jitted, idx)
+            expected_loss, expected_grads = train_step(reference, idx)
+            assert relative_error(loss, expected_loss) < JIT_TOLERANCE, (loss.item(), expected_loss.item())
+            for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
+                assert relative_error(g, e) < JIT_TOLERANCE, f"{name}: gradient relative error {relative_error(g, e):.3g}"
+    assert not [str(w.message) for w in caught if "could not compile" in str(w.message) or issubclass(w.category, remat.OptimizationWarning)]
+    assert remat.executor_of(jitted).last_result is not None
+    for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
+        graphs = [b._call_ctx[b.sym.name] for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
+        assert len(graphs) == 1 and graphs[0].path == "inductor", (graphs, remat.executor_of(jitted).graph_transform.notes)
+
+
 def kv_cache_models(family: str, batch: int):
     model, reference, idx = model_pair(family, seq=32, batch=batch)
     for m in (model, reference):
