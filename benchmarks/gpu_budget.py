@@ -25,7 +25,8 @@ On the GPU machine (one command; about 6 minutes for the default model):
 
 ``--runtime auto inductor`` measures each remat row twice in the same process, its regions run by nvFuser
 and by Inductor (``remat.jit(..., runtime=...)``); the table, the checks and the plot show
-``remat (inductor)`` as a system of its own.
+``remat (inductor)`` as a system of its own.  ``inductor-graph`` (remat's whole forward and backward each
+one Inductor graph) is a third; its records say how each graph ran (``graph_paths``).
 
 Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured.  Back here,
 ``python benchmarks/gpu_budget.py --render FILE.jsonl [--write]`` prints the table and the checks of
@@ -110,7 +111,7 @@ def make(system: str, budget, module, runtime: str = "auto"):
 
 def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads, runtime: str = "auto") -> tuple[dict, list]:
     import torch
-    from gpu_memory import grads_of, relative, step
+    from gpu_memory import grads_of, graph_paths, relative, step
 
     record: dict = {}
     for p in params:  # the previous mode's gradients are not this mode's memory (each mode starts empty)
@@ -122,7 +123,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fn, remat_executor = make(system, budget, module, runtime)
-        if system == "remat" and runtime == "inductor":
+        if system == "remat" and runtime.startswith("inductor"):
             # regions run under no_grad (no partitioner, no budget in play): Inductor's FX-graph cache only
             # lets identical layers' regions share kernels, as they do by default; later inductor rows of a
             # run also find earlier rows' kernels there, so their first call is not a cold compile
@@ -155,6 +156,8 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
         record["step_tflop"] = result.step_flops / 1e12
         record["chosen"] = result.chosen
         record["notes"] = result.notes
+        if runtime == "inductor-graph":
+            record["graph_paths"] = graph_paths(fn)
     del fn
     return record, grads
 
@@ -416,7 +419,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
-                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor; several: each remat row once per runtime")
+                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph; several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)

@@ -152,6 +152,7 @@ def step(fn, params, idx, targets):
     loss = fn(idx, targets)
     torch.cuda.synchronize()
     after_forward = torch.cuda.memory_allocated()
+    forward_peak = torch.cuda.max_memory_allocated() - start_mem
     loss.backward()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -159,7 +160,9 @@ def step(fn, params, idx, targets):
     # what the caching allocator held at most during the step, CUDA graph pools included (those are
     # reserved at capture and stay so: they are not in ``peak``, which counts from the step's start)
     held = torch.cuda.max_memory_reserved()
-    return loss.detach(), seconds, peak, after_forward - start_mem, held
+    # (loss, seconds, peak, what the forward left, held, the forward's own peak: where ``peak`` is higher,
+    # the backward reached it)
+    return loss.detach(), seconds, peak, after_forward - start_mem, held, forward_peak
 
 
 def grads_of(params):
@@ -220,16 +223,8 @@ def run(args) -> None:
                 if any(paths):  # Inductor's regions: how each was called (direct, torch.compile, reference)
                     record["region_paths"] = {path: paths.count(path) for path in sorted(set(paths), key=str)}
                 record["distinct_definitions"] = nvfuser_definitions()
-                import thunder
-
-                graphs = [
-                    b._call_ctx[b.sym.name]
-                    for t in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1])
-                    for b in t.bound_symbols
-                    if b.sym.name.startswith("remat_graph")
-                ]
-                if graphs:  # whole-trace Inductor graphs: how each ran
-                    record["graph_paths"] = [g.path for g in graphs]
+                if paths_of_graphs := graph_paths(fn):  # whole-trace Inductor graphs: how each ran
+                    record["graph_paths"] = paths_of_graphs
                 record["plan_seconds"] = remat_executor.last_seconds
                 record["estimated_peak_mib"] = res.after.peak_bytes / MIB
                 record["estimated_saved_mib"] = res.after.saved_bytes / MIB
@@ -279,7 +274,8 @@ def render(path: str) -> str:
             def ratio(key, base):
                 return f"{r[key] / base[key]:.3f}" if base.get(key) else "-"
 
-            errors = "-" if mode == "eager" else f"{r.get('loss_rel_error', float('nan')):.1e} / {r.get('grad_rel_error', float('nan')):.1e}"
+            # '-': eager itself, or a run without an eager row to compare with
+            errors = "-" if mode == "eager" or "loss_rel_error" not in r else f"{r['loss_rel_error']:.1e} / {r.get('grad_rel_error', float('nan')):.1e}"
             name = f"**{mode}**" if mode.startswith("remat") else mode
             first_call = f"{r['first_call_s']:.1f} | {ratio('first_call_s', thunder)}" if "first_call_s" in r else "- | -"
             lines.append(
@@ -320,6 +316,19 @@ def render(path: str) -> str:
     device = records[0].get("device", "GPU") if records else "GPU"
     header = f"Measured on {device}, bf16, batch 1, seq {records[0]['seq'] if records else '?'}, vocab 512, loss inside the compiled module."
     return "\n".join([header, "", *lines, "", *notes])
+
+
+def graph_paths(fn) -> list[str]:
+    """How each whole-trace Inductor graph of ``remat.jit(runtime="inductor-graph")`` ran ("inductor" or
+    "fallback"), forward first; empty for other runtimes."""
+    import thunder
+
+    return [
+        b._call_ctx[b.sym.name].path
+        for t in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1])
+        for b in t.bound_symbols
+        if b.sym.name.startswith("remat_graph")
+    ]
 
 
 def main() -> None:

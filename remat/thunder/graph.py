@@ -35,6 +35,7 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
+from torch.utils._pytree import tree_map_only
 
 from remat._logging import logger
 from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
@@ -42,7 +43,7 @@ from remat.errors import warn
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
-__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body"]
+__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "INDUCTOR_OPTIONS"]
 
 #: Bound symbols that frame a trace's body rather than compute: they stay outside the graph.
 _FRAME = frozenset(
@@ -54,6 +55,10 @@ _FRAME = frozenset(
         prims.PrimIDs.RETURN,
     }
 )
+#: Inductor settings while a graph compiles.  remat's trace order is already planned for memory:
+#: Inductor's own peak-memory reordering raised the measured backward peak of stablecode-3b x2 from 697
+#: to 773 MiB (H100, estimate 574 MiB; benchmarks/gpu_graph_memory.py).  Size asserts cost host time.
+INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "reorder_for_peak_memory": False}
 _UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
 
 
@@ -77,12 +82,32 @@ def _why_not_graphable(bsym: BoundSymbol) -> str | None:
     return None
 
 
-def _traceable(bsym: BoundSymbol) -> BoundSymbol:
+def _materialized(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, which Inductor must store as a buffer of its own (with these strides) rather than inline
+    into each reader.  In eager mode (and when the strides already match) the same tensor."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
+
+    return torch.ops.prims.inductor_force_stride_order(tensor, tensor.stride())
+
+
+def _traceable(bsym: BoundSymbol, materialize_outputs: bool) -> BoundSymbol:
     """``bsym`` as ``make_fx`` can trace it: a remat region runs its prims with the torch reference (its
-    own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls."""
+    own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls.
+
+    ``materialize_outputs``: each region output becomes a buffer in Inductor's graph, as remat's memory
+    model counts it.  Without that, Inductor inlines a region's pointwise output into every reader: one
+    that two readers need in different layouts (a matmul and a transposed matmul, as in a linear layer's
+    backward) is then computed and stored twice, and both copies live at once (measured: +340 MiB on
+    stablecode-3b x2's backward, H100; docs/benchmarks.md)."""
     if not bsym.sym.is_fusion:
         return bsym
     reference = TorchRegionCallable(bsym.sym.name, bsym.subsymbols, bsym.args, bsym.output).build()
+    if materialize_outputs:
+        run_region = reference
+
+        def reference(*args: Any) -> Any:
+            return tree_map_only(torch.Tensor, _materialized, run_region(*args))
+
     return bsym.from_bsym(_call_ctx={bsym.sym.name: reference})
 
 
@@ -94,8 +119,9 @@ class GraphCallable:
     ``make_fx``), ``fallback`` the body as Thunder made it (regions with their own runtime).  ``path`` is
     ``"inductor"``, ``"fallback"`` or ``None`` before the first call."""
 
-    def __init__(self, name: str, drained: int, traced: Callable, fallback: Callable):
+    def __init__(self, name: str, drained: int, traced: Callable, fallback: Callable, inductor_options: dict[str, Any] | None = None):
         self.name = name
+        self.inductor_options = dict(inductor_options or {})  # over INDUCTOR_OPTIONS
         self.drained = drained
         self.traced = traced
         self.fallback = fallback
@@ -120,7 +146,7 @@ class GraphCallable:
 
         with torch.no_grad():
             graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
-            with inductor_config.patch(size_asserts=False):
+            with inductor_config.patch({**INDUCTOR_OPTIONS, **self.inductor_options}):
                 return compile_fx_inner(graph, list(flat))
 
     def __call__(self, *args):
@@ -149,10 +175,13 @@ class GraphCallable:
         return f"GraphCallable({self.name}, path={self.path})"
 
 
-def compile_trace_body(trace: TraceCtx, name: str) -> tuple[TraceCtx, str | None]:
+def compile_trace_body(
+    trace: TraceCtx, name: str, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None
+) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
-    left as it is."""
+    left as it is.  ``materialize_region_outputs``: see :func:`_traceable`; ``inductor_options``: Inductor
+    settings over :data:`INDUCTOR_OPTIONS`."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
     if not body_positions:
@@ -201,9 +230,9 @@ def compile_trace_body(trace: TraceCtx, name: str) -> tuple[TraceCtx, str | None
     flat_inputs = [o for b in drained_unpacks for o in b.flat_proxy_outs] + tensor_inputs
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
-    traced = region_trace([_traceable(b) for b in with_dels], flat_inputs, outputs).python_callable(include_decorators=False)
+    traced = region_trace([_traceable(b, materialize_region_outputs) for b in with_dels], flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
-    callable_ = GraphCallable(name, len(collections), traced, fallback)
+    callable_ = GraphCallable(name, len(collections), traced, fallback, inductor_options)
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
 
@@ -225,16 +254,23 @@ def compile_trace_body(trace: TraceCtx, name: str) -> tuple[TraceCtx, str | None
 
 class InductorGraphTransform(Transform):
     """A Thunder transform compiling the forward and backward execution traces' bodies as one Inductor
-    graph each (:func:`compile_trace_body`), after Thunder's and remat's passes."""
+    graph each (:func:`compile_trace_body`), after Thunder's and remat's passes.
 
-    def __init__(self) -> None:
+    ``materialize_region_outputs`` (default True): every region output is a buffer of its own in the graph,
+    as remat's memory model assumes; False lets Inductor inline region outputs into their readers (more
+    fusion, and a peak that can exceed remat's estimate).  ``inductor_options``: ``torch._inductor.config``
+    settings while the graphs compile, over :data:`INDUCTOR_OPTIONS`."""
+
+    def __init__(self, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None) -> None:
         super().__init__()
+        self.materialize_region_outputs = materialize_region_outputs
+        self.inductor_options = dict(inductor_options or {})
         self.notes: list[str] = []
         self._count = 0
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         name = f"remat_graph{self._count}"
-        new_trace, reason = compile_trace_body(computation_trace, name)
+        new_trace, reason = compile_trace_body(computation_trace, name, self.materialize_region_outputs, self.inductor_options)
         if reason is not None:
             note = f"{computation_trace.siginfo().name}: left region by region ({reason})"
             logger.info("remat inductor-graph: %s", note)
