@@ -385,18 +385,25 @@ def model_pair(family: str, seq: int, batch: int = 2):
     return built.model, reference, built.idx.to(DEVICE)
 
 
-@pytest.mark.parametrize("family", list(JIT_MODELS))
-def test_jit_training_step_matches_eager(family):
-    model, reference, idx = model_pair(family, seq=64)
-    jitted = remat.jit(model, runtime="nvfuser")
+def trains_like_eager(jitted, model, reference, idx) -> list:
+    """Two training steps (the second reuses the compiled one): loss and every gradient within
+    ``JIT_TOLERANCE`` of the eager reference's.  Returns the warnings the steps raised."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(2):  # the second step reuses the compiled one
+        for _ in range(2):
             loss, grads = train_step(jitted, idx)
             expected_loss, expected_grads = train_step(reference, idx)
             assert relative_error(loss, expected_loss) < JIT_TOLERANCE, (loss.item(), expected_loss.item())
             for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
                 assert relative_error(g, e) < JIT_TOLERANCE, f"{name}: gradient relative error {relative_error(g, e):.3g}"
+    return caught
+
+
+@pytest.mark.parametrize("family", list(JIT_MODELS))
+def test_jit_training_step_matches_eager(family):
+    model, reference, idx = model_pair(family, seq=64)
+    jitted = remat.jit(model, runtime="nvfuser")
+    caught = trains_like_eager(jitted, model, reference, idx)
     assert not [str(w.message) for w in caught if issubclass(w.category, remat.OptimizationWarning)]
     result = remat.executor_of(jitted).last_result
     assert result is not None and result.applied, result and result.notes
@@ -410,14 +417,7 @@ def test_jit_inductor_training_step_matches_eager(family):
 
     model, reference, idx = model_pair(family, seq=64)
     jitted = remat.jit(model, runtime="inductor")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            loss, grads = train_step(jitted, idx)
-            expected_loss, expected_grads = train_step(reference, idx)
-            assert relative_error(loss, expected_loss) < JIT_TOLERANCE, (loss.item(), expected_loss.item())
-            for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
-                assert relative_error(g, e) < JIT_TOLERANCE, f"{name}: gradient relative error {relative_error(g, e):.3g}"
+    caught = trains_like_eager(jitted, model, reference, idx)
     assert not [str(w.message) for w in caught if "rejected" in str(w.message) or issubclass(w.category, remat.OptimizationWarning)]
     result = remat.executor_of(jitted).last_result
     assert result is not None and result.applied, result and result.notes
@@ -435,14 +435,7 @@ def test_jit_inductor_graph_training_step_matches_eager(family):
 
     model, reference, idx = model_pair(family, seq=64)
     jitted = remat.jit(model, runtime="inductor-graph")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            loss, grads = train_step(jitted, idx)
-            expected_loss, expected_grads = train_step(reference, idx)
-            assert relative_error(loss, expected_loss) < JIT_TOLERANCE, (loss.item(), expected_loss.item())
-            for (name, _), g, e in zip(model.named_parameters(), grads, expected_grads):
-                assert relative_error(g, e) < JIT_TOLERANCE, f"{name}: gradient relative error {relative_error(g, e):.3g}"
+    caught = trains_like_eager(jitted, model, reference, idx)
     assert not [str(w.message) for w in caught if "could not compile" in str(w.message) or issubclass(w.category, remat.OptimizationWarning)]
     assert remat.executor_of(jitted).last_result is not None
     for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
