@@ -6,7 +6,8 @@ and reuses buffers.  remat's estimate assumes the trace's order.  This script me
 region-by-region runtime (``regions``) and for the graph runtime under several Inductor settings:
 
 * the graph runtime's variants (``VARIANTS``): region outputs materialized (the default) or inlined by
-  Inductor into their readers, and Inductor's reordering passes on or off;
+  Inductor into their readers, Inductor's reordering passes on or off, and independent regions kept
+  apart (the default) or fused horizontally;
 * ``step_ms``, ``peak_mib`` (as ``gpu_memory.py``), ``forward_peak_mib`` (highest allocation during the
   forward, above the step's start), ``after_forward_mib`` (what the forward leaves: saved tensors and the
   loss), ``backward_peak_mib`` (the step's peak: where it is above the forward's, the backward's);
@@ -48,6 +49,7 @@ VARIANTS: dict[str, dict] = {
     "graph-peak-reorder": {"inductor_options": {"reorder_for_peak_memory": True}},
     "graph-inlined-peak-reorder": {"materialize_region_outputs": False, "inductor_options": {"reorder_for_peak_memory": True}},
     "graph-no-locality": {"inductor_options": {"reorder_for_locality": False}},
+    "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse independent regions horizontally
 }
 
 

@@ -13,7 +13,7 @@ import remat
 import remat.thunder  # noqa: F401  (its compat bridge first: then Thunder imports on torch 2.13)
 import thunder
 from conftest import train_step
-from remat.thunder.graph import GraphCallable
+from remat.thunder.graph import REGION_KEY, GraphCallable, _annotate, _regions_of
 from remat.thunder.inductor import InductorRegionCallable
 from test_inductor import Block
 
@@ -92,6 +92,44 @@ def test_region_outputs_are_buffers_of_their_own_in_the_graph_inductor_compiles(
         assert region_outputs > 0
         assert len(barriers) == (region_outputs if materialize else 0)
         assert reorder is (not materialize)
+        # every region's FX nodes carry its number, for the horizontal-fusion barrier
+        tags = {(n.meta.get("custom") or {}).get(REGION_KEY) for n in graph.graph.nodes} - {None}
+        assert len(tags) == sum(1 for b in whole.subsymbols if b.sym.is_fusion)
+
+
+class _Scheduled(Exception):
+    """Stops a compilation once Inductor's scheduler has fused: no C++ build."""
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_inductor_does_not_fuse_independent_regions_into_one_kernel(monkeypatch, separate):
+    """Two regions that read the same input and not each other's outputs: Inductor fuses them into one
+    loop ("horizontal" fusion), which computes the later one's outputs early.  The graph runtime refuses
+    that across regions (``separate_regions=True``, the default), not inside one."""
+    from torch._inductor import scheduler
+
+    fused: list[list[set]] = []
+    original = scheduler.Scheduler.__init__
+
+    def schedule_then_stop(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        fused.append([_regions_of(node) for node in self.nodes])
+        raise _Scheduled
+
+    monkeypatch.setattr(scheduler.Scheduler, "__init__", schedule_then_stop)
+
+    def body(x):
+        with _annotate({REGION_KEY: 0}):
+            first = (torch.sigmoid(x) * 2).sum(0)  # two ops of one region: fused (vertically)
+        with _annotate({REGION_KEY: 1}):
+            second = (torch.tanh(x) + 1).sum(0)
+        return first, second
+
+    graph = GraphCallable("g", 0, body, body, separate_regions=separate)
+    with pytest.raises(Exception, match="_Scheduled"):  # Inductor wraps it in its own error
+        graph._build([torch.randn(64, 64)])
+    (nodes,) = fused
+    assert {0} in nodes and {1} in nodes if separate else {0, 1} in nodes, nodes
 
 
 def test_the_graph_owns_the_saved_tensors_it_is_handed():

@@ -26,6 +26,7 @@ Thunder made it from then on, with one warning.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,9 +91,12 @@ def _materialized(tensor: torch.Tensor) -> torch.Tensor:
     return torch.ops.prims.inductor_force_stride_order(tensor, tensor.stride())
 
 
-def _traceable(bsym: BoundSymbol, materialize_outputs: bool) -> BoundSymbol:
+def _traceable(bsym: BoundSymbol, materialize_outputs: bool, region: int | None = None) -> BoundSymbol:
     """``bsym`` as ``make_fx`` can trace it: a remat region runs its prims with the torch reference (its
     own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls.
+
+    ``region``: a number tagging the FX nodes the region's call makes (``node.meta["custom"]``, see
+    :data:`REGION_KEY`), so that Inductor can be kept from fusing independent regions together.
 
     ``materialize_outputs``: each region output becomes a buffer in Inductor's graph, as remat's memory
     model counts it.  Without that, Inductor inlines a region's pointwise output into every reader: one
@@ -108,7 +112,66 @@ def _traceable(bsym: BoundSymbol, materialize_outputs: bool) -> BoundSymbol:
         def reference(*args: Any) -> Any:
             return tree_map_only(torch.Tensor, _materialized, run_region(*args))
 
+    if region is not None and _annotate is not None:
+        untagged = reference
+
+        def reference(*args: Any) -> Any:
+            with _annotate({REGION_KEY: region}):
+                return untagged(*args)
+
     return bsym.from_bsym(_call_ctx={bsym.sym.name: reference})
+
+
+#: The key under ``node.meta["custom"]`` of the FX nodes a region's call made: the region's number.
+REGION_KEY = "remat_region"
+
+try:  # torch >= 2.9: tags the FX nodes made under it (kept by make_fx under preserve_node_meta)
+    from torch.fx.traceback import annotate as _annotate
+except ImportError:  # pragma: no cover - older torch: no barrier (regions may fuse horizontally)
+    _annotate = None
+
+
+def _regions_of(node: Any) -> set[int]:
+    """The remat regions whose FX nodes an Inductor scheduler node (fused or not) computes."""
+    found: set[int] = set()
+    for part in node.get_nodes():
+        if getattr(part, "node", None) is None:
+            continue
+        for origin in part.node.get_origins():
+            tag = (origin.meta.get("custom") or {}).get(REGION_KEY)
+            if tag is not None:
+                found.add(tag)
+    return found
+
+
+def _separate_regions_choices() -> Any | None:
+    """An Inductor heuristics object (``InductorChoices``, of the class in use) that refuses horizontal
+    fusion of two scheduler nodes from different remat regions, or None where this torch has no such hook.
+
+    Why: Inductor fuses nodes that do not depend on each other but read the same buffer into one kernel
+    ("horizontal" fusion).  Across remat's regions that computes a later region's outputs together with an
+    earlier one's, so they are alive from the earlier point on: measured on an H100, a recomputed GELU
+    fused with the MLP's input gradient and SwiGLU's three outputs fused together, above remat's estimate
+    (docs/benchmarks.md).  Fusion inside a region, and a region's kernel with its reader's (vertical), stay
+    allowed."""
+    try:
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+    except ImportError:  # pragma: no cover
+        return None
+    base = type(V.choices)
+    if not issubclass(base, InductorChoices) or not hasattr(base, "can_fuse_horizontal"):
+        return None
+
+    class SeparateRegions(base):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+            first, second = _regions_of(node1), _regions_of(node2)
+            if first and second and not first & second:
+                return False
+            return base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
+
+    return SeparateRegions()
 
 
 class GraphCallable:
@@ -119,9 +182,18 @@ class GraphCallable:
     ``make_fx``), ``fallback`` the body as Thunder made it (regions with their own runtime).  ``path`` is
     ``"inductor"``, ``"fallback"`` or ``None`` before the first call."""
 
-    def __init__(self, name: str, drained: int, traced: Callable, fallback: Callable, inductor_options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        name: str,
+        drained: int,
+        traced: Callable,
+        fallback: Callable,
+        inductor_options: dict[str, Any] | None = None,
+        separate_regions: bool = True,
+    ):
         self.name = name
         self.inductor_options = dict(inductor_options or {})  # over INDUCTOR_OPTIONS
+        self.separate_regions = separate_regions  # no horizontal fusion across regions (_separate_regions_choices)
         self.drained = drained
         self.traced = traced
         self.fallback = fallback
@@ -144,9 +216,19 @@ class GraphCallable:
 
         import torch._inductor.config as inductor_config
 
+        from torch.fx.traceback import preserve_node_meta
+        from torch._inductor.virtualized import V
+
         with torch.no_grad():
-            graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
-            with inductor_config.patch({**INDUCTOR_OPTIONS, **self.inductor_options}):
+            with preserve_node_meta():  # keeps the region tags of _traceable on the FX nodes
+                graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
+            choices = _separate_regions_choices() if self.separate_regions else None
+            options = {**INDUCTOR_OPTIONS, **self.inductor_options}
+            if choices is not None:  # the FX-graph cache's key does not see the heuristics object: no reuse
+                options["fx_graph_cache"] = False
+            with inductor_config.patch(options), (
+                V.set_choices_handler(choices) if choices is not None else contextlib.nullcontext()
+            ):
                 return compile_fx_inner(graph, list(flat))
 
     def __call__(self, *args):
@@ -176,12 +258,17 @@ class GraphCallable:
 
 
 def compile_trace_body(
-    trace: TraceCtx, name: str, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None
+    trace: TraceCtx,
+    name: str,
+    materialize_region_outputs: bool = True,
+    inductor_options: dict[str, Any] | None = None,
+    separate_regions: bool = True,
 ) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
     left as it is.  ``materialize_region_outputs``: see :func:`_traceable`; ``inductor_options``: Inductor
-    settings over :data:`INDUCTOR_OPTIONS`."""
+    settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no horizontal fusion across regions
+    (:func:`_separate_regions_choices`)."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
     if not body_positions:
@@ -230,9 +317,10 @@ def compile_trace_body(
     flat_inputs = [o for b in drained_unpacks for o in b.flat_proxy_outs] + tensor_inputs
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
-    traced = region_trace([_traceable(b, materialize_region_outputs) for b in with_dels], flat_inputs, outputs).python_callable(include_decorators=False)
+    traceable = [_traceable(b, materialize_region_outputs, region) for region, b in enumerate(with_dels)]
+    traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
-    callable_ = GraphCallable(name, len(collections), traced, fallback, inductor_options)
+    callable_ = GraphCallable(name, len(collections), traced, fallback, inductor_options, separate_regions)
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
 
@@ -259,18 +347,25 @@ class InductorGraphTransform(Transform):
     ``materialize_region_outputs`` (default True): every region output is a buffer of its own in the graph,
     as remat's memory model assumes; False lets Inductor inline region outputs into their readers (more
     fusion, and a peak that can exceed remat's estimate).  ``inductor_options``: ``torch._inductor.config``
-    settings while the graphs compile, over :data:`INDUCTOR_OPTIONS`."""
+    settings while the graphs compile, over :data:`INDUCTOR_OPTIONS`.  ``separate_regions`` (default True):
+    Inductor does not fuse two regions that do not depend on each other into one kernel (which would
+    compute the later one's outputs early); False lets it."""
 
-    def __init__(self, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None, separate_regions: bool = True
+    ) -> None:
         super().__init__()
         self.materialize_region_outputs = materialize_region_outputs
+        self.separate_regions = separate_regions
         self.inductor_options = dict(inductor_options or {})
         self.notes: list[str] = []
         self._count = 0
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         name = f"remat_graph{self._count}"
-        new_trace, reason = compile_trace_body(computation_trace, name, self.materialize_region_outputs, self.inductor_options)
+        new_trace, reason = compile_trace_body(
+            computation_trace, name, self.materialize_region_outputs, self.inductor_options, self.separate_regions
+        )
         if reason is not None:
             note = f"{computation_trace.siginfo().name}: left region by region ({reason})"
             logger.info("remat inductor-graph: %s", note)
