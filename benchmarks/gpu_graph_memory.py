@@ -50,6 +50,7 @@ VARIANTS: dict[str, dict] = {
     "graph-inlined-peak-reorder": {"materialize_region_outputs": False, "inductor_options": {"reorder_for_peak_memory": True}},
     "graph-no-locality": {"inductor_options": {"reorder_for_locality": False}},
     "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse independent regions horizontally
+    "graph-no-reuse": {"inductor_options": {"allow_buffer_reuse": False}},  # a freed buffer is not reused for a smaller one
 }
 
 
