@@ -83,6 +83,15 @@ def _why_not_graphable(bsym: BoundSymbol) -> str | None:
     return None
 
 
+#: The key under ``node.meta["custom"]`` of the FX nodes a region's call made: the region's number.
+REGION_KEY = "remat_region"
+
+try:  # torch >= 2.9: tags the FX nodes made under it (kept by make_fx under preserve_node_meta)
+    from torch.fx.traceback import annotate as _annotate
+except ImportError:  # pragma: no cover - older torch: no barrier (regions may fuse horizontally)
+    _annotate = None
+
+
 def _materialized(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``, which Inductor must store as a buffer of its own (with these strides) rather than inline
     into each reader.  In eager mode (and when the strides already match) the same tensor."""
@@ -122,15 +131,6 @@ def _traceable(bsym: BoundSymbol, materialize_outputs: bool, region: int | None 
     return bsym.from_bsym(_call_ctx={bsym.sym.name: reference})
 
 
-#: The key under ``node.meta["custom"]`` of the FX nodes a region's call made: the region's number.
-REGION_KEY = "remat_region"
-
-try:  # torch >= 2.9: tags the FX nodes made under it (kept by make_fx under preserve_node_meta)
-    from torch.fx.traceback import annotate as _annotate
-except ImportError:  # pragma: no cover - older torch: no barrier (regions may fuse horizontally)
-    _annotate = None
-
-
 def _regions_of(node: Any) -> set[int]:
     """The remat regions whose FX nodes an Inductor scheduler node (fused or not) computes."""
     found: set[int] = set()
@@ -158,6 +158,8 @@ def _separate_regions_choices() -> Any | None:
         from torch._inductor.choices import InductorChoices
         from torch._inductor.virtualized import V
     except ImportError:  # pragma: no cover
+        return None
+    if _annotate is None:  # pragma: no cover - regions are not tagged: nothing to tell apart
         return None
     base = type(V.choices)
     if not issubclass(base, InductorChoices) or not hasattr(base, "can_fuse_horizontal"):
