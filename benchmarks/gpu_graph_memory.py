@@ -49,8 +49,8 @@ VARIANTS: dict[str, dict] = {
     "graph-peak-reorder": {"inductor_options": {"reorder_for_peak_memory": True}},
     "graph-inlined-peak-reorder": {"materialize_region_outputs": False, "inductor_options": {"reorder_for_peak_memory": True}},
     "graph-no-locality": {"inductor_options": {"reorder_for_locality": False}},
-    "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse independent regions horizontally
-    "graph-no-reuse": {"inductor_options": {"allow_buffer_reuse": False}},  # a freed buffer is not reused for a smaller one
+    "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse across regions (horizontally and vertically)
+    "graph-reuse": {"inductor_options": {"allow_buffer_reuse": True}},  # Inductor keeps a dead buffer for a later one of its size (off by default)
 }
 
 

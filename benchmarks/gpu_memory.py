@@ -61,7 +61,9 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 #: there): room above remat's default plan buys fewer kernels (remat.planning.budget); needs the
 #: torch.compile mode measured earlier in the same run
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "torch.compile", AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+#: the same budget with runtime="inductor-graph" (remat's forward and backward each one Inductor graph)
+GRAPH_AT_COMPILE_PEAK = "remat-graph@0.8x-torch.compile-peak"
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -106,10 +108,11 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
 
         jitted = remat.jit(module, transforms=[CUDAGraphTransform()])
         return jitted, remat.executor_of(jitted)
-    if mode == AT_COMPILE_PEAK:
+    if mode in (AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK):
         if compile_peak_mib is None:
-            raise ValueError(f"{AT_COMPILE_PEAK} needs torch.compile measured first in the same run (put it before in --modes)")
-        jitted = remat.jit(module, memory_budget=f"{int(0.8 * compile_peak_mib)}MiB")
+            raise ValueError(f"{mode} needs torch.compile measured first in the same run (put it before in --modes)")
+        runtime = "inductor-graph" if mode == GRAPH_AT_COMPILE_PEAK else "auto"
+        jitted = remat.jit(module, memory_budget=f"{int(0.8 * compile_peak_mib)}MiB", runtime=runtime)
         return jitted, remat.executor_of(jitted)
     if mode == "remat-nosplit":  # Thunder's autograd glue in one Function (a meta randn less each way)
         jitted = remat.jit(module, thunderfx_disable_split_autograd=True)

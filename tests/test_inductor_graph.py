@@ -13,7 +13,7 @@ import remat
 import remat.thunder  # noqa: F401  (its compat bridge first: then Thunder imports on torch 2.13)
 import thunder
 from conftest import train_step
-from remat.thunder.graph import REGION_KEY, GraphCallable, _annotate, _regions_of
+from remat.thunder.graph import REGION_KEY, GraphCallable, _annotate, _materialized, _regions_of
 from remat.thunder.inductor import InductorRegionCallable
 from test_inductor import Block
 
@@ -92,20 +92,22 @@ def test_region_outputs_are_buffers_of_their_own_in_the_graph_inductor_compiles(
         assert region_outputs > 0
         assert len(barriers) == (region_outputs if materialize else 0)
         assert reorder is (not materialize)
-        # every region's FX nodes carry its number, for the horizontal-fusion barrier
-        tags = {(n.meta.get("custom") or {}).get(REGION_KEY) for n in graph.graph.nodes} - {None}
-        assert len(tags) == sum(1 for b in whole.subsymbols if b.sym.is_fusion)
+        # every region's FX nodes carry its number (>= 0), every run of ops between regions one of its
+        # own (< 0): the barrier against fusion across regions
+        computing = [n for n in graph.graph.nodes if n.op == "call_function"]
+        tags = [(n.meta.get("custom") or {}).get(REGION_KEY) for n in computing]
+        assert None not in tags
+        assert len({t for t in tags if t >= 0}) == sum(1 for b in whole.subsymbols if b.sym.is_fusion)
+        assert any(t < 0 for t in tags)  # the matmuls outside the regions
 
 
 class _Scheduled(Exception):
     """Stops a compilation once Inductor's scheduler has fused: no C++ build."""
 
 
-@pytest.mark.parametrize("separate", [True, False])
-def test_inductor_does_not_fuse_independent_regions_into_one_kernel(monkeypatch, separate):
-    """Two regions that read the same input and not each other's outputs: Inductor fuses them into one
-    loop ("horizontal" fusion), which computes the later one's outputs early.  The graph runtime refuses
-    that across regions (``separate_regions=True``, the default), not inside one."""
+def _scheduled_regions(monkeypatch, body, separate: bool, *inputs) -> list[set]:
+    """The regions of each node Inductor's scheduler made of ``body`` once it has fused (compilation
+    stops there: no C++ build)."""
     from torch._inductor import scheduler
 
     fused: list[list[set]] = []
@@ -117,6 +119,18 @@ def test_inductor_does_not_fuse_independent_regions_into_one_kernel(monkeypatch,
         raise _Scheduled
 
     monkeypatch.setattr(scheduler.Scheduler, "__init__", schedule_then_stop)
+    graph = GraphCallable("g", 0, body, body, separate_regions=separate)
+    with pytest.raises(Exception, match="_Scheduled"):  # Inductor wraps it in its own error
+        graph._build(list(inputs))
+    (nodes,) = fused
+    return nodes
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_inductor_does_not_fuse_independent_regions_into_one_kernel(monkeypatch, separate):
+    """Two regions that read the same input and not each other's outputs: Inductor fuses them into one
+    loop ("horizontal" fusion), which computes the later one's outputs early.  The graph runtime refuses
+    that across regions (``separate_regions=True``, the default), not inside one."""
 
     def body(x):
         with _annotate({REGION_KEY: 0}):
@@ -125,11 +139,32 @@ def test_inductor_does_not_fuse_independent_regions_into_one_kernel(monkeypatch,
             second = (torch.tanh(x) + 1).sum(0)
         return first, second
 
-    graph = GraphCallable("g", 0, body, body, separate_regions=separate)
-    with pytest.raises(Exception, match="_Scheduled"):  # Inductor wraps it in its own error
-        graph._build([torch.randn(64, 64)])
-    (nodes,) = fused
+    nodes = _scheduled_regions(monkeypatch, body, separate, torch.randn(64, 64))
     assert {0} in nodes and {1} in nodes if separate else {0, 1} in nodes, nodes
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_inductor_does_not_fuse_a_region_into_the_region_that_reads_it(monkeypatch, separate):
+    """A region whose output a later region reads, and a matmul too: Inductor fuses the first into the
+    second's kernel ("vertical" fusion), so the first region's output (and the matmul waiting for it)
+    comes only where the second runs.  Refused across regions by default; an op outside every region
+    (the matmul) gets a tag of its own (< 0)."""
+
+    def body(x, w):  # region outputs are buffers of their own, as compile_trace_body makes them
+        with _annotate({REGION_KEY: 0}):
+            first = _materialized(torch.sigmoid(x) * 2)
+        product = first @ w  # outside the regions: an extern matmul
+        with _annotate({REGION_KEY: 1}):
+            second = _materialized(torch.tanh(first) + 1)
+        return product, second
+
+    nodes = _scheduled_regions(monkeypatch, body, separate, torch.randn(64, 64), torch.randn(64, 64))
+    if separate:
+        assert {0} in nodes and {1} in nodes, nodes
+        assert all(len(regions) == 1 for regions in nodes), nodes
+        assert any(tag < 0 for regions in nodes for tag in regions), nodes
+    else:
+        assert {0, 1} in nodes, nodes
 
 
 def test_the_graph_owns_the_saved_tensors_it_is_handed():

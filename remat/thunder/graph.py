@@ -58,8 +58,12 @@ _FRAME = frozenset(
 )
 #: Inductor settings while a graph compiles.  remat's trace order is already planned for memory:
 #: Inductor's own peak-memory reordering raised the measured backward peak of stablecode-3b x2 from 697
-#: to 773 MiB (H100, estimate 574 MiB; benchmarks/gpu_graph_memory.py).  Size asserts cost host time.
-INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "reorder_for_peak_memory": False}
+#: to 773 MiB (H100, estimate 574 MiB; benchmarks/gpu_graph_memory.py).  Inductor's buffer reuse keeps a
+#: dead buffer allocated until a later buffer of its size takes it over (its ``del`` is deferred), which
+#: remat's estimate does not model and PyTorch's caching allocator does anyway on the GPU: on the CPU
+#: (stablecode-3b x2, seq 2048) the backward's peak was 405 MiB with it, 365 without (estimate 363).
+#: Size asserts cost host time.
+INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "reorder_for_peak_memory": False, "allow_buffer_reuse": False}
 _UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
 
 
@@ -144,16 +148,45 @@ def _regions_of(node: Any) -> set[int]:
     return found
 
 
-def _separate_regions_choices() -> Any | None:
-    """An Inductor heuristics object (``InductorChoices``, of the class in use) that refuses horizontal
-    fusion of two scheduler nodes from different remat regions, or None where this torch has no such hook.
+def _tag_stand_alone_ops(graph: torch.fx.GraphModule) -> None:
+    """Tags each run of FX nodes that no region made (the ops remat runs between regions: matmuls,
+    attention, the embedding's gradient) with a number of its own, negative to stay apart from the
+    regions'.  Untagged, such a node could still be fused with any region (the embedding's gradient, at
+    the end of the backward, with the first layer's layer-norm backward: seen on the CPU)."""
+    run, in_region = 0, True
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        custom = node.meta.get("custom") or {}
+        if REGION_KEY in custom:
+            in_region = True
+            continue
+        if in_region:
+            run -= 1
+            in_region = False
+        node.meta["custom"] = {**custom, REGION_KEY: run}
 
-    Why: Inductor fuses nodes that do not depend on each other but read the same buffer into one kernel
-    ("horizontal" fusion).  Across remat's regions that computes a later region's outputs together with an
-    earlier one's, so they are alive from the earlier point on: measured on an H100, a recomputed GELU
-    fused with the MLP's input gradient and SwiGLU's three outputs fused together, above remat's estimate
-    (docs/benchmarks.md).  Fusion inside a region, and a region's kernel with its reader's (vertical), stay
-    allowed."""
+
+def _separate_regions_choices() -> Any | None:
+    """An Inductor heuristics object (``InductorChoices``, of the class in use) that refuses to fuse two
+    scheduler nodes from different remat regions into one kernel, or None where this torch has no such
+    hook.
+
+    Why: remat's estimate assumes each region runs as a unit at its place in the trace.  Inductor fuses
+    across them in two ways, and both move a region's outputs away from that place:
+
+    * "horizontal": nodes that do not depend on each other but read the same buffer, in one loop, which
+      computes a later region's outputs early.  Measured on an H100: a recomputed GELU fused with the MLP's
+      input gradient, SwiGLU's three outputs fused together, above remat's estimate;
+    * "vertical": a region's nodes fused into the kernel of a later region that reads them, which computes
+      the earlier region's outputs late.  Measured on the CPU (stablecode-3b x2, seq 2048): the first
+      layer's layer-norm backward, whose region also recomputes the layer norm's output for the MLP's
+      weight gradient, was fused into the next layer-norm backward after the attention backward, so the
+      weight gradient's matmul waited there and the 40 MiB MLP gradient it reads stayed alive across the
+      attention backward (docs/benchmarks.md, "The graph runtime's peak on the CPU").
+
+    Fusion inside a region stays allowed; ops outside every region are tagged by runs
+    (:func:`_tag_stand_alone_ops`) and kept apart the same way."""
     try:
         from torch._inductor.choices import InductorChoices
         from torch._inductor.virtualized import V
@@ -162,16 +195,16 @@ def _separate_regions_choices() -> Any | None:
     if _annotate is None:  # pragma: no cover - regions are not tagged: nothing to tell apart
         return None
     base = type(V.choices)
-    if not issubclass(base, InductorChoices) or not hasattr(base, "can_fuse_horizontal"):
+    if not issubclass(base, InductorChoices) or not hasattr(base, "can_fuse"):
         return None
 
     class SeparateRegions(base):  # type: ignore[misc, valid-type]
         @staticmethod
-        def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+        def can_fuse(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
             first, second = _regions_of(node1), _regions_of(node2)
             if first and second and not first & second:
                 return False
-            return base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
+            return base.can_fuse(scheduler, node1, node2, shared_data_score)
 
     return SeparateRegions()
 
@@ -225,6 +258,8 @@ class GraphCallable:
             with preserve_node_meta():  # keeps the region tags of _traceable on the FX nodes
                 graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
             choices = _separate_regions_choices() if self.separate_regions else None
+            if choices is not None:
+                _tag_stand_alone_ops(graph)
             options = {**INDUCTOR_OPTIONS, **self.inductor_options}
             if choices is not None:  # the FX-graph cache's key does not see the heuristics object: no reuse
                 options["fx_graph_cache"] = False
