@@ -133,3 +133,21 @@ def test_the_budget_table_keeps_each_runtime_of_remat_a_system_of_its_own():
     assert "dominated by a remat point (peak <= and step time <=): **1/1**" in checks
     table = gpu_budget.render(latest, None)
     assert "| **remat (inductor)** | 1.0 | 61 | - | 1.017 | 9.5 | 0.950 |" in table  # x remat default: nvFuser's 1.0 row
+
+
+def test_the_cpu_graph_memory_diagnostic_reads_the_allocators_peak_of_one_step():
+    """``benchmarks/cpu_graph_memory.py`` measures a step's peak from the profiler's allocation events:
+    a step that holds a 1 MiB product and then its gradients reads at least that, and not the weights."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("cpu_graph_memory", ROOT / "benchmarks" / "cpu_graph_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    weight = torch.ones(512, 512, requires_grad=True)  # 1 MiB, allocated before the step: not counted
+
+    def loss(idx, targets):
+        return (weight * idx).sum()  # a 1 MiB product, freed once the backward has used it
+
+    peak = module.step_peak_bytes(loss, [weight], torch.tensor(2.0), None)
+    assert 2**20 <= peak <= 4 * 2**20, peak
+    assert weight.grad is not None and float(weight.grad[0, 0]) == 2.0
