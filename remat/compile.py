@@ -153,8 +153,8 @@ def jit(
     if runtime == GRAPH_RUNTIME:  # Inductor regions, then each planned trace as one graph (a Thunder transform)
         if memory_budget is not None:
             warn(
-                f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, and "
-                "Inductor's fusion across regions raised the measured peak 21-27% above it on LitGPT blocks "
+                f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, which "
+                "Inductor's schedule of the whole graph matched on the GPU only for remat's default plans so far "
                 "(docs/benchmarks.md); where the budget must hold, run region by region (runtime='auto' or 'inductor')",
                 UserWarning,
             )

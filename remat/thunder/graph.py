@@ -304,7 +304,7 @@ def compile_trace_body(
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
     left as it is.  ``materialize_region_outputs``: see :func:`_traceable`; ``inductor_options``: Inductor
-    settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no horizontal fusion across regions
+    settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no fusion across regions
     (:func:`_separate_regions_choices`)."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
@@ -385,8 +385,9 @@ class InductorGraphTransform(Transform):
     as remat's memory model assumes; False lets Inductor inline region outputs into their readers (more
     fusion, and a peak that can exceed remat's estimate).  ``inductor_options``: ``torch._inductor.config``
     settings while the graphs compile, over :data:`INDUCTOR_OPTIONS`.  ``separate_regions`` (default True):
-    Inductor does not fuse two regions that do not depend on each other into one kernel (which would
-    compute the later one's outputs early); False lets it."""
+    Inductor does not fuse nodes of two regions (or of a region and the ops between regions) into one
+    kernel, which would compute a region's outputs earlier or later than remat's plan has them
+    (:func:`_separate_regions_choices`); False lets it."""
 
     def __init__(
         self, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None, separate_regions: bool = True
