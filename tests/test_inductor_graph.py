@@ -60,7 +60,7 @@ def test_region_outputs_are_buffers_of_their_own_in_the_graph_inductor_compiles(
     """As remat's memory model counts them: without that, Inductor inlines a region's output into each
     reader and may compute and store it once per layout its readers want (measured on the GPU: +340 MiB
     of peak on stablecode-3b x2).  Inductor's peak-memory reordering is off while it compiles (remat's
-    order is planned for memory), unless the transform is told otherwise."""
+    order is planned for memory), unless the transform is told otherwise, and so is its buffer reuse."""
     import torch._inductor.compile_fx as compile_fx
     import torch._inductor.config as inductor_config
 
@@ -69,7 +69,7 @@ def test_region_outputs_are_buffers_of_their_own_in_the_graph_inductor_compiles(
     compiled: list = []
 
     def record(graph, example_inputs, **kwargs):  # runs the FX graph itself: no C++ build
-        compiled.append((graph, inductor_config.reorder_for_peak_memory))
+        compiled.append((graph, inductor_config.reorder_for_peak_memory, inductor_config.allow_buffer_reuse))
         return lambda args: graph(*args)
 
     monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
@@ -85,13 +85,14 @@ def test_region_outputs_are_buffers_of_their_own_in_the_graph_inductor_compiles(
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert len(compiled) == 2  # the forward and the backward
-    for (graph, reorder), trace in zip(compiled, (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1])):
+    for (graph, reorder, reuse), trace in zip(compiled, (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1])):
         (whole,) = graphs_of(trace)
         region_outputs = sum(len(b.flat_proxy_outs) for b in whole.subsymbols if b.sym.is_fusion)
         barriers = [n for n in graph.graph.nodes if "inductor_force_stride_order" in str(n.target)]
         assert region_outputs > 0
         assert len(barriers) == (region_outputs if materialize else 0)
         assert reorder is (not materialize)
+        assert reuse is False  # a dead buffer is freed, not held for a later one of its size
         # every region's FX nodes carry its number (>= 0), every run of ops between regions one of its
         # own (< 0): the barrier against fusion across regions
         computing = [n for n in graph.graph.nodes if n.op == "call_function"]
