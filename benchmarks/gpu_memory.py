@@ -25,7 +25,10 @@ peak), loss = cross entropy inside the compiled module; gradients set to None be
 start; "held" = ``torch.cuda.max_memory_reserved()`` during a step minus what was reserved before the
 mode's first call (the device memory the mode takes, CUDA graph pools included, which "peak" misses:
 they are reserved at capture); "saved" = memory allocated after the forward minus at step start; medians of ``--steps`` steps
-after 2 warm-up steps.  Loss and gradients are compared with eager (bf16: relative norm error).
+after 2 warm-up steps.  Those steps synchronize between the forward and the backward (to read what the
+forward leaves), so the GPU idles while the host starts the backward (Thunder's autograd glue: about
+0.4 ms more than torch.compile's, docs/benchmarks.md); "step ms, one sync" times ``--steps`` more steps
+without that synchronization, as a training loop runs them (only the step's end is synchronized).  Loss and gradients are compared with eager (bf16: relative norm error).
 
 On the GPU machine:
 
@@ -145,7 +148,11 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
     raise ValueError(mode)
 
 
-def step(fn, params, idx, targets):
+def step(fn, params, idx, targets, phase_sync: bool = True):
+    """One training step.  ``phase_sync``: synchronize between the forward and the backward too (to read
+    what the forward left and its own peak); the GPU then idles while the host starts the backward, which a
+    training loop that calls ``backward`` right after the forward hides behind the forward's kernels.
+    Without it the figures of the forward are None."""
     for p in params:
         p.grad = None
     torch.cuda.synchronize()
@@ -153,9 +160,11 @@ def step(fn, params, idx, targets):
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     loss = fn(idx, targets)
-    torch.cuda.synchronize()
-    after_forward = torch.cuda.memory_allocated()
-    forward_peak = torch.cuda.max_memory_allocated() - start_mem
+    after_forward = forward_peak = None
+    if phase_sync:
+        torch.cuda.synchronize()
+        after_forward = torch.cuda.memory_allocated() - start_mem
+        forward_peak = torch.cuda.max_memory_allocated() - start_mem
     loss.backward()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -165,7 +174,7 @@ def step(fn, params, idx, targets):
     held = torch.cuda.max_memory_reserved()
     # (loss, seconds, peak, what the forward left, held, the forward's own peak: where ``peak`` is higher,
     # the backward reached it)
-    return loss.detach(), seconds, peak, after_forward - start_mem, held, forward_peak
+    return loss.detach(), seconds, peak, after_forward, held, forward_peak
 
 
 def grads_of(params):
@@ -211,6 +220,9 @@ def run(args) -> None:
             step(fn, params, idx, targets)  # warm-up
             samples = [step(fn, params, idx, targets) for _ in range(args.steps)]
             record["step_ms"] = 1e3 * statistics.median(s[1] for s in samples)
+            # as a training loop runs it: no synchronization between the forward and the backward
+            unsynced = [step(fn, params, idx, targets, phase_sync=False) for _ in range(args.steps)]
+            record["step_ms_one_sync"] = 1e3 * statistics.median(s[1] for s in unsynced)
             record["peak_mib"] = statistics.median(s[2] for s in samples) / MIB
             record["saved_mib"] = statistics.median(s[3] for s in samples) / MIB
             record["held_mib"] = (statistics.median(s[4] for s in samples) - reserved_at_start) / MIB
@@ -260,8 +272,8 @@ def render(path: str) -> str:
             groups.setdefault(key, {})[r["mode"]] = r
     groups = dict(sorted(groups.items(), key=lambda item: (item[0][1], item[0][0] != "stablecode-completion-alpha-3b", item[0][0])))
     lines = [
-        "| config | layers | mode | step ms | peak MiB | held MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | first call s | first call x Thunder | loss / grad rel. error vs eager |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | layers | mode | step ms | peak MiB | held MiB | saved MiB | peak x Thunder | step x Thunder | step x torch.compile | step ms, one sync | x torch.compile, one sync | first call s | first call x Thunder | loss / grad rel. error vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, layers, seq), modes in groups.items():
         thunder = modes.get("thunder", {})
@@ -271,7 +283,7 @@ def render(path: str) -> str:
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | | | | |")
+                lines.append(f"| {model} | {layers} | {mode} | failed: {r['error'][:80]} | | | | | | | | | | | |")
                 continue
 
             def ratio(key, base):
@@ -281,9 +293,11 @@ def render(path: str) -> str:
             errors = "-" if mode == "eager" or "loss_rel_error" not in r else f"{r['loss_rel_error']:.1e} / {r.get('grad_rel_error', float('nan')):.1e}"
             name = f"**{mode}**" if mode.startswith("remat") else mode
             first_call = f"{r['first_call_s']:.1f} | {ratio('first_call_s', thunder)}" if "first_call_s" in r else "- | -"
+            one_sync = f"{r['step_ms_one_sync']:.2f}" if "step_ms_one_sync" in r else "-"  # '-': runs before that column
             lines.append(
                 f"| {model} | {layers} | {name} | {r['step_ms']:.2f} | {r['peak_mib']:.1f} | {_held(r)} | {r['saved_mib']:.1f} "
                 f"| {ratio('peak_mib', thunder)} | {ratio('step_ms', thunder)} | {ratio('step_ms', compiled)} "
+                f"| {one_sync} | {ratio('step_ms_one_sync', compiled) if 'step_ms_one_sync' in r else '-'} "
                 f"| {first_call} | {errors} |"
             )
     notes = []

@@ -41,6 +41,22 @@ def test_each_group_shows_its_latest_run_only(tmp_path):
     assert "started 2026-12-02T15:20 UTC" in table
 
 
+def test_the_step_without_a_sync_between_forward_and_backward_has_its_own_ratio(tmp_path):
+    """``step_ms_one_sync`` (as a training loop runs a step) is compared with torch.compile's of the same
+    run; runs before that column show '-'."""
+    run = "2026-12-06T04:12"
+    compiled = dict(record("torch.compile", 10.0, 800.0, run=run), step_ms_one_sync=9.0)
+    remat_row = dict(record("remat-graph", 10.5, 570.0, run=run), step_ms_one_sync=9.45)
+    older = record("remat", 11.0, 570.0, run=run)
+    path = tmp_path / "gpu_memory.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (compiled, remat_row, older)))
+    rows = {line.split("|")[3].strip(): line.split("|") for line in load_gpu_memory().render(str(path)).splitlines() if line.startswith("| m |")}
+    assert rows["**remat-graph**"][10].strip() == "1.050"  # synchronized between the phases
+    assert rows["**remat-graph**"][11].strip() == "9.45" and rows["**remat-graph**"][12].strip() == "1.050"
+    assert rows["torch.compile"][12].strip() == "1.000"
+    assert rows["**remat**"][11].strip() == "-" and rows["**remat**"][12].strip() == "-"
+
+
 def test_held_memory_counts_a_cuda_graph_pool_that_peak_does_not(tmp_path):
     graphs = record("remat+cudagraphs", 9.0, 5.0, run="2026-12-04T18:00")
     graphs["held_mib"] = 80.0  # the pool, reserved at capture: in held, not in the step's peak
