@@ -11,10 +11,11 @@ Peak: one training step (forward, then ``backward``) under ``torch.profiler`` wi
 the largest sum of the CPU allocator's live bytes during the step, counted from the step's start (the
 weights are not in it; their gradients are).  remat's estimate is the memory model's peak of the planned
 trace, on the same basis.  The model is a bf16 LitGPT config with vocab 512, batch 1, the loss inside
-(as ``gpu_memory.py``), run on the CPU: seq 2048 takes a minute or two a variant on two cores.
+(as ``gpu_memory.py``; ``--batch`` for more), run on the CPU: seq 2048 takes a minute or two a variant
+on two cores.
 
     python benchmarks/cpu_graph_memory.py --model stablecode-completion-alpha-3b --seq 2048 \\
-        --variants graph graph-reuse graph-fuse-regions [--out benchmarks/results/cpu_graph_memory.jsonl]
+        --variants graph graph-reuse graph-fuse-regions [--budgets none 0.8] [--out benchmarks/results/cpu_graph_memory.jsonl]
 
 Variants are ``gpu_graph_memory.VARIANTS`` (``InductorGraphTransform`` arguments).  A diagnostic: its
 figures are quoted in docs/benchmarks.md ("The graph runtime's peak on the CPU"), with this command.
@@ -68,20 +69,24 @@ def main() -> None:
     parser.add_argument("--model", default="stablecode-completion-alpha-3b")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--variants", nargs="+", default=["graph", "graph-reuse", "graph-fuse-regions"], choices=sorted(VARIANTS))
+    parser.add_argument("--budgets", nargs="+", default=[None], type=lambda v: None if v == "none" else float(v),
+                        help="remat memory budgets (fractions of the default plan's estimated peak; 'none': no budget)")
     parser.add_argument("--out", type=Path, help="a .jsonl file the records are appended to")
     args = parser.parse_args()
 
-    module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu")
-    for variant in args.variants:
+    module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu", batch=args.batch)
+    for variant, budget in [(v, b) for b in args.budgets for v in args.variants]:
         start = time.perf_counter()
-        fn = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(**VARIANTS[variant])])
+        transform = InductorGraphTransform(**VARIANTS[variant])
+        fn = remat.jit(module, runtime="inductor", transforms=[transform], memory_budget=budget)
         step_peak_bytes(fn, params, idx, targets)  # compiles
         first_call_s = time.perf_counter() - start
         peaks = [step_peak_bytes(fn, params, idx, targets) for _ in range(2)]
         estimate = remat.executor_of(fn).last_result.after.peak_bytes
         record = dict(
-            model=args.model, layers=args.layers, seq=args.seq, variant=variant, device="cpu", run=RUN,
+            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, variant=variant, budget=budget, device="cpu", run=RUN,
             first_call_s=round(first_call_s, 1), peak_mib=round(max(peaks) / MIB, 1),
             estimated_peak_mib=round(estimate / MIB, 1), peak_over_estimate=round(max(peaks) / estimate, 4),
         )
