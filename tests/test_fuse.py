@@ -212,6 +212,7 @@ def test_attention_value_copy_trains_like_the_reference():
     loss, grads = train_step(jitted, idx)
     assert torch.equal(loss, expected_loss)
     assert all(torch.equal(g, e) for g, e in zip(grads, expected_grads))
+
     def copies(jitted) -> bool:
         executed = remat.executor_of(jitted).last_result.trace
         return any(op_kind(s) == "stride_order" for b in executed.bound_symbols if b.sym.is_fusion for s in b.subsymbols)

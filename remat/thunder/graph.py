@@ -92,7 +92,7 @@ REGION_KEY = "remat_region"
 
 try:  # torch >= 2.9: tags the FX nodes made under it (kept by make_fx under preserve_node_meta)
     from torch.fx.traceback import annotate as _annotate
-except ImportError:  # pragma: no cover - older torch: no barrier (regions may fuse horizontally)
+except ImportError:  # pragma: no cover - older torch: no barrier (Inductor may fuse across regions)
     _annotate = None
 
 
@@ -258,11 +258,10 @@ class GraphCallable:
             with preserve_node_meta():  # keeps the region tags of _traceable on the FX nodes
                 graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
             choices = _separate_regions_choices() if self.separate_regions else None
+            options = {**INDUCTOR_OPTIONS, **self.inductor_options}
             if choices is not None:
                 _tag_stand_alone_ops(graph)
-            options = {**INDUCTOR_OPTIONS, **self.inductor_options}
-            if choices is not None:  # the FX-graph cache's key does not see the heuristics object: no reuse
-                options["fx_graph_cache"] = False
+                options["fx_graph_cache"] = False  # the FX-graph cache's key does not see the heuristics object
             with inductor_config.patch(options), (
                 V.set_choices_handler(choices) if choices is not None else contextlib.nullcontext()
             ):
