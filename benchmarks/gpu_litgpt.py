@@ -49,6 +49,12 @@ MODES = {
 }
 
 
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> dict:
     with_remat, compile_mode = MODES[mode]
     metrics = out / f"metrics_{mode.replace('+', '_')}.json"
@@ -59,7 +65,7 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
         command += ["--remat-runtime", {"remat-inductor": "inductor", "remat-graph": "inductor-graph"}[mode]]
     command += [*script_args, "--compile", compile_mode, "--return_metrics_as_json", "true", "--json_path", str(metrics)]
     start = time.perf_counter()
-    record: dict = {"mode": mode, "args": script_args}
+    record: dict = {"mode": mode, "args": script_args, "device": _device_name(), "run": time.strftime("%Y-%m-%dT%H:%M")}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         (out / f"log_{mode.replace('+', '_')}.txt").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
@@ -75,17 +81,18 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
 
 
 def render(records: list[dict]) -> str:
-    """One table per argument list (model, layers), each mode's latest record, ratios to that table's
-    inductor row."""
+    """One table per argument list (model, layers) and command (its ``run``: ratios compare modes of one
+    command on one machine), each mode's latest record, ratios to that table's inductor row."""
     groups: dict[str, dict[str, dict]] = {}
     for r in records:
-        groups.setdefault(" ".join(r["args"]), {})[r["mode"]] = r  # later records replace earlier ones
-    return "\n\n".join(_table(args, modes) for args, modes in groups.items())
+        key = " ".join(r["args"]) + ("\0" + r["run"] if "run" in r else "")
+        groups.setdefault(key, {})[r["mode"]] = r  # later records replace earlier ones
+    return "\n\n".join(_table(key.split("\0")[0], modes) for key, modes in groups.items())
 
 
 def _table(args: str, by_mode: dict[str, dict]) -> str:
     lines = [
-        f"Thunder's `benchmark_litgpt` (unchanged), `{args}`; one process per mode, H200.",
+        f"Thunder's `benchmark_litgpt` (unchanged), `{args}`; one process per mode, {_devices(by_mode)}.",
         "",
         "| mode | iter ms | memory used GB | tokens/s | iter x inductor | memory x inductor | wall s (compile included) |",
         "|---|---|---|---|---|---|---|",
@@ -106,6 +113,13 @@ def _table(args: str, by_mode: dict[str, dict]) -> str:
             f"| {name} | {r['average_iter_time']:.2f} | {r['memory_used_GB']:.2f} | {tokens} | {ratio_t} | {ratio_m} | {r.get('wall_seconds', 0):.0f} |"
         )
     return "\n".join(lines)
+
+
+def _devices(by_mode: dict[str, dict]) -> str:
+    """The cards of a table's records and their runs (records before 2026-12-06 did not say: an H200)."""
+    devices = sorted({r.get("device", "NVIDIA H200") for r in by_mode.values()})
+    runs = sorted({r["run"] for r in by_mode.values() if "run" in r})
+    return ", ".join(devices) + (f" (runs {', '.join(runs)} UTC)" if runs else "")
 
 
 def main() -> None:

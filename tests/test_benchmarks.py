@@ -167,3 +167,25 @@ def test_the_cpu_graph_memory_diagnostic_reads_the_allocators_peak_of_one_step()
     peak = module.step_peak_bytes(loss, [weight], torch.tensor(2.0), None)
     assert 2**20 <= peak <= 4 * 2**20, peak
     assert weight.grad is not None and float(weight.grad[0, 0]) == 2.0
+
+
+def test_benchmark_litgpt_tables_compare_modes_of_one_command_only():
+    """Each command of ``gpu_litgpt.py`` runs on a machine of its own: a re-run of two modes must not put
+    its inductor row under an older run's remat row."""
+    spec = importlib.util.spec_from_file_location("gpu_litgpt", ROOT / "benchmarks" / "gpu_litgpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def litgpt(mode, ms, gb, run):
+        return dict(mode=mode, args=["--model_name", "m"], average_iter_time=ms, memory_used_GB=gb, device="H100", run=run)
+
+    table = module.render([
+        litgpt("remat", 11.0, 8.0, "2026-12-06T05:17"),
+        litgpt("inductor", 10.0, 10.0, "2026-12-06T05:17"),
+        litgpt("inductor", 5.0, 10.0, "2026-12-06T06:27"),
+    ])
+    first, second = table.split("Thunder's `benchmark_litgpt`")[1:]
+    assert "runs 2026-12-06T05:17 UTC" in first and "runs 2026-12-06T06:27 UTC" in second
+    remat_row = next(line for line in first.splitlines() if line.startswith("| **remat**"))
+    assert remat_row.split("|")[5].strip() == "1.100"  # against its own command's inductor, not the later one
+    assert "remat" not in second

@@ -262,3 +262,65 @@ def test_install_adds_the_graph_transform_to_thunder_jit_while_installed(monkeyp
     for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
         (graph,) = graphs_of(trace)
         assert graph._call_ctx[graph.sym.name].path == "inductor"
+
+
+class Embedded(torch.nn.Module):
+    """A bf16 embedding (whose gradient Inductor would accumulate in an fp32 copy of the table) and a head."""
+
+    def __init__(self, vocab: int = 64, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = torch.nn.Embedding(vocab, width, dtype=torch.bfloat16)
+        self.head = torch.nn.Linear(width, width, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, idx):
+        return self.head(torch.nn.functional.gelu(self.wte(idx)))
+
+
+@pytest.mark.parametrize("limit, kept_whole", [(0, True), (2**30, False)])
+def test_an_embedding_gradient_above_the_scratch_limit_runs_pytorchs_op(monkeypatch, limit, kept_whole):
+    """Inductor's own embedding gradient holds an fp32 table of zeros beside the bf16 gradient (+480 MiB over
+    remat's estimate on stablecode-3b's 49152 x 2560 table, measured on the CPU): above the limit the graph
+    calls PyTorch's op (a custom op Inductor leaves whole), below it Inductor's decomposition stays."""
+    import torch._inductor.compile_fx as compile_fx
+
+    from remat.thunder.graph import InductorGraphTransform
+
+    graphs: list = []
+
+    def record(graph, example_inputs, **kwargs):  # runs the FX graph itself: no C++ build
+        graphs.append(graph)
+        return lambda args: graph(*args)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    no_region_compilation(monkeypatch)
+    model = Embedded()
+    idx = torch.randint(0, 64, (2, 8))
+    _, expected_grads = train_step(model, idx)
+    jitted = remat.jit(model, runtime="inductor", transforms=[InductorGraphTransform(embedding_scratch_limit=limit)])
+    _, grads = train_step(jitted, idx)
+    backward = graphs[-1].graph
+    targets = {str(node.target) for node in backward.nodes if node.op == "call_function"}
+    assert ("remat.embedding_backward.default" in targets) is kept_whole
+    assert any("index_put" in target for target in targets) is not kept_whole
+    for got, want in zip(grads, expected_grads):  # both accumulate in fp32: the same bf16 gradient
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_inductor_compiles_a_graph_with_the_embedding_gradient_kept_whole():
+    """Inductor refuses a fallback for ``aten.embedding_dense_backward`` (it has a decomposition), so the op
+    is kept whole as remat's custom op, which Inductor calls as it is."""
+    from remat.thunder.graph import InductorGraphTransform
+
+    model = Embedded()
+    idx = torch.randint(0, 64, (2, 8))
+    _, expected_grads = train_step(model, idx)
+    transform = InductorGraphTransform(embedding_scratch_limit=0)
+    jitted = remat.jit(model, runtime="inductor", transforms=[transform])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback
+        _, grads = train_step(jitted, idx)
+    (graph,) = graphs_of(thunder.last_backward_traces(jitted)[-1])
+    assert graph._call_ctx[graph.sym.name].path == "inductor"
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)

@@ -44,7 +44,7 @@ from remat.errors import warn
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
-__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "INDUCTOR_OPTIONS"]
+__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "INDUCTOR_OPTIONS", "EMBEDDING_SCRATCH_LIMIT"]
 
 #: Bound symbols that frame a trace's body rather than compute: they stay outside the graph.
 _FRAME = frozenset(
@@ -65,6 +65,56 @@ _FRAME = frozenset(
 #: Size asserts cost host time.
 INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "reorder_for_peak_memory": False, "allow_buffer_reuse": False}
 _UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
+
+#: Default of ``embedding_scratch_limit``: the most bytes of fp32 scratch Inductor's embedding gradient may
+#: take (see :func:`_decompositions`).  A LitGPT block's table (vocab 512) needs 5 MiB and keeps Inductor's
+#: faster kernel; a real vocabulary (stablecode-3b: 49152 x 2560, 480 MiB) calls PyTorch's op instead.
+EMBEDDING_SCRATCH_LIMIT = 16 * 2**20
+
+
+@torch.library.custom_op("remat::embedding_backward", mutates_args=())
+def _embedding_backward(
+    grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+) -> torch.Tensor:
+    """PyTorch's embedding gradient, as an op Inductor does not decompose (:func:`_decompositions`)."""
+    return torch.ops.aten.embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+
+@_embedding_backward.register_fake
+def _(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool):
+    return grad_output.new_empty((num_weights, *grad_output.shape[indices.ndim :]))
+
+
+def _decompositions(embedding_scratch_limit: int) -> dict:
+    """Inductor's decomposition table for ``make_fx``, except for large embedding gradients.
+
+    Inductor decomposes ``embedding_dense_backward`` of a bf16/fp16 gradient into an fp32 table of zeros
+    (vocabulary x width, 4 bytes an element), an index_put that accumulates into it, and a cast: besides
+    the gradient remat's memory model counts, a scratch table twice its size is alive at once (measured on
+    the CPU: +480 MiB over the estimate for stablecode-3b's 49152 x 2560 table).  Where that scratch is
+    above ``embedding_scratch_limit`` bytes, the op is left whole and Inductor calls PyTorch's kernel, which
+    remat's other runtimes run too (its scratch grows with the number of tokens, not the vocabulary).  The
+    op is left whole as :func:`_embedding_backward`, a custom op: Inductor calls custom ops as they are,
+    while for ``aten.embedding_dense_backward`` itself it insists on its decomposition."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = dict(select_decomp_table())
+    op = torch.ops.aten.embedding_dense_backward.default
+    decomposed = table.get(op)
+    if decomposed is None:  # pragma: no cover - a torch without the decomposition: nothing to limit
+        return table
+
+    def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+        width = 1
+        for size in grad_output.shape[indices.ndim :]:
+            width *= size
+        low_precision = grad_output.dtype in (torch.bfloat16, torch.float16)
+        if low_precision and num_weights * width * 4 > embedding_scratch_limit:
+            return _embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+        return decomposed(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+    table[op] = embedding_dense_backward
+    return table
 
 
 def _is_frame(bsym: BoundSymbol) -> bool:
@@ -225,8 +275,10 @@ class GraphCallable:
         fallback: Callable,
         inductor_options: dict[str, Any] | None = None,
         separate_regions: bool = True,
+        embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
     ):
         self.name = name
+        self.embedding_scratch_limit = embedding_scratch_limit
         self.inductor_options = dict(inductor_options or {})  # over INDUCTOR_OPTIONS
         self.separate_regions = separate_regions  # no horizontal fusion across regions (_separate_regions_choices)
         self.drained = drained
@@ -246,7 +298,6 @@ class GraphCallable:
 
     def _build(self, flat: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx_inner
-        from torch._inductor.decomposition import select_decomp_table
         from torch.fx.experimental.proxy_tensor import make_fx
 
         import torch._inductor.config as inductor_config
@@ -256,7 +307,8 @@ class GraphCallable:
 
         with torch.no_grad():
             with preserve_node_meta():  # keeps the region tags of _traceable on the FX nodes
-                graph = make_fx(self.traced, decomposition_table=select_decomp_table(), tracing_mode="fake")(*flat)
+                decompositions = _decompositions(self.embedding_scratch_limit)
+                graph = make_fx(self.traced, decomposition_table=decompositions, tracing_mode="fake")(*flat)
             choices = _separate_regions_choices() if self.separate_regions else None
             options = {**INDUCTOR_OPTIONS, **self.inductor_options}
             if choices is not None:
@@ -299,12 +351,13 @@ def compile_trace_body(
     materialize_region_outputs: bool = True,
     inductor_options: dict[str, Any] | None = None,
     separate_regions: bool = True,
+    embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
 ) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
     left as it is.  ``materialize_region_outputs``: see :func:`_traceable`; ``inductor_options``: Inductor
     settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no fusion across regions
-    (:func:`_separate_regions_choices`)."""
+    (:func:`_separate_regions_choices`); ``embedding_scratch_limit``: see :func:`_decompositions`."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
     if not body_positions:
@@ -356,7 +409,9 @@ def compile_trace_body(
     traceable = [_traceable(b, materialize_region_outputs, region) for region, b in enumerate(with_dels)]
     traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
-    callable_ = GraphCallable(name, len(collections), traced, fallback, inductor_options, separate_regions)
+    callable_ = GraphCallable(
+        name, len(collections), traced, fallback, inductor_options, separate_regions, embedding_scratch_limit
+    )
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
 
@@ -386,12 +441,19 @@ class InductorGraphTransform(Transform):
     settings while the graphs compile, over :data:`INDUCTOR_OPTIONS`.  ``separate_regions`` (default True):
     Inductor does not fuse nodes of two regions (or of a region and the ops between regions) into one
     kernel, which would compute a region's outputs earlier or later than remat's plan has them
-    (:func:`_separate_regions_choices`); False lets it."""
+    (:func:`_separate_regions_choices`); False lets it.  ``embedding_scratch_limit``: the most bytes of fp32
+    scratch Inductor's embedding gradient may take; above it the graph calls PyTorch's embedding backward
+    (:func:`_decompositions`)."""
 
     def __init__(
-        self, materialize_region_outputs: bool = True, inductor_options: dict[str, Any] | None = None, separate_regions: bool = True
+        self,
+        materialize_region_outputs: bool = True,
+        inductor_options: dict[str, Any] | None = None,
+        separate_regions: bool = True,
+        embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
     ) -> None:
         super().__init__()
+        self.embedding_scratch_limit = embedding_scratch_limit
         self.materialize_region_outputs = materialize_region_outputs
         self.separate_regions = separate_regions
         self.inductor_options = dict(inductor_options or {})
@@ -401,7 +463,12 @@ class InductorGraphTransform(Transform):
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         name = f"remat_graph{self._count}"
         new_trace, reason = compile_trace_body(
-            computation_trace, name, self.materialize_region_outputs, self.inductor_options, self.separate_regions
+            computation_trace,
+            name,
+            self.materialize_region_outputs,
+            self.inductor_options,
+            self.separate_regions,
+            self.embedding_scratch_limit,
         )
         if reason is not None:
             note = f"{computation_trace.siginfo().name}: left region by region ({reason})"
