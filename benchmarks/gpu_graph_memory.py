@@ -20,6 +20,11 @@ On the GPU machine:
 
     source .gpu/activate.sh; python benchmarks/gpu_graph_memory.py --model stablecode-completion-alpha-3b --out $OUT
 
+A budget plan (``--budget``, with ``--batch``), e.g. the Llama-2-7b plan that measured 24% above its
+estimate with the graph runtime (docs/benchmarks.md, "Memory budgets on the GPU"):
+
+    python benchmarks/gpu_graph_memory.py --model Llama-2-7b-hf --seq 8192 --batch 4 --budget 0.6 --variants regions graph --out $OUT
+
 Records go to ``--out/gpu_graph_memory.jsonl``, a line per variant (kept: benchmarks/results/gpu_graph_memory_h100.jsonl).  A diagnostic: its figures are not
 in docs/benchmarks.md's tables (``gpu_memory.py`` mode ``remat-graph`` is).
 """
@@ -100,6 +105,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--budget", type=float, default=None,
+                        help="remat's memory_budget (a fraction of the default plan's estimated peak) for every variant")
     parser.add_argument("--variants", nargs="+", default=["regions", *VARIANTS])
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
@@ -113,18 +121,20 @@ def main() -> None:
     out = Path(args.out)
     (out / "code").mkdir(parents=True, exist_ok=True)
     log = out / "gpu_graph_memory.jsonl"
-    module, params, idx, targets = build(args.model, args.layers, args.seq)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch)
     snapshot_taken = False
     for variant in args.variants:
-        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, variant=variant, device=torch.cuda.get_device_name(), run=RUN)
+        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, budget=args.budget,
+                            variant=variant, device=torch.cuda.get_device_name(), run=RUN)
         try:
             nvfuser.clear_shared_definitions()
             gc.collect()
             torch.cuda.empty_cache()
             if variant == "regions":
-                fn = remat.jit(module)
+                fn = remat.jit(module, memory_budget=args.budget)
             else:
-                fn = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(**VARIANTS[variant])])
+                transform = InductorGraphTransform(**VARIANTS[variant])
+                fn = remat.jit(module, runtime="inductor", transforms=[transform], memory_budget=args.budget)
             t0 = time.perf_counter()
             phased_step(fn, params, idx, targets)
             record["first_call_s"] = time.perf_counter() - t0
