@@ -83,11 +83,10 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
 def render(records: list[dict]) -> str:
     """One table per argument list (model, layers) and command (its ``run``: ratios compare modes of one
     command on one machine), each mode's latest record, ratios to that table's inductor row."""
-    groups: dict[str, dict[str, dict]] = {}
+    groups: dict[tuple[str, str | None], dict[str, dict]] = {}
     for r in records:
-        key = " ".join(r["args"]) + ("\0" + r["run"] if "run" in r else "")
-        groups.setdefault(key, {})[r["mode"]] = r  # later records replace earlier ones
-    return "\n\n".join(_table(key.split("\0")[0], modes) for key, modes in groups.items())
+        groups.setdefault((" ".join(r["args"]), r.get("run")), {})[r["mode"]] = r  # later records replace earlier ones
+    return "\n\n".join(_table(args, modes) for (args, _), modes in groups.items())
 
 
 def _table(args: str, by_mode: dict[str, dict]) -> str:

@@ -56,15 +56,14 @@ def main() -> None:
     import remat
     import remat.thunder  # noqa: F401  (its compat bridge before thunder)
     from gpu_graph_memory import live_at_peak
-    from litgpt import GPT, Config
+    from litgpt import Config
+
+    from remat.models import litgpt_model
 
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    config = Config.from_name(args.model, n_layer=args.layers, block_size=args.seq)
-    with torch.device("cuda"):
-        model = GPT(config).to(torch.bfloat16)
-    idx = torch.randint(0, config.padded_vocab_size, (1, args.seq), device="cuda")
-    targets = torch.randint(0, config.padded_vocab_size, (1, args.seq), device="cuda")
+    vocab = Config.from_name(args.model).padded_vocab_size  # the config's own, as benchmark_litgpt uses
+    model, idx = litgpt_model(args.model, args.layers, args.seq, device="cuda", vocab=vocab)
+    targets = torch.randint(0, vocab, (1, args.seq), device="cuda")
 
     for runtime in args.runtimes:
         record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, runtime=runtime,

@@ -27,6 +27,7 @@ Thunder made it from then on, with one warning.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,9 +106,7 @@ def _decompositions(embedding_scratch_limit: int) -> dict:
         return table
 
     def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
-        width = 1
-        for size in grad_output.shape[indices.ndim :]:
-            width *= size
+        width = math.prod(grad_output.shape[indices.ndim :])
         low_precision = grad_output.dtype in (torch.bfloat16, torch.float16)
         if low_precision and num_weights * width * 4 > embedding_scratch_limit:
             return _embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
