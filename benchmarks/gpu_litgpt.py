@@ -37,6 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+#: when this command started: every record of one command carries it, so that its modes share a table
+#: (each record's own "run" is when that mode ran, minutes apart)
+COMMAND = time.strftime("%Y-%m-%dT%H:%M")
+
 #: mode -> (remat installed, the script's --compile)
 MODES = {
     "thunder": (False, "thunder"),
@@ -65,7 +69,7 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
         command += ["--remat-runtime", {"remat-inductor": "inductor", "remat-graph": "inductor-graph"}[mode]]
     command += [*script_args, "--compile", compile_mode, "--return_metrics_as_json", "true", "--json_path", str(metrics)]
     start = time.perf_counter()
-    record: dict = {"mode": mode, "args": script_args, "device": _device_name(), "run": time.strftime("%Y-%m-%dT%H:%M")}
+    record: dict = {"mode": mode, "args": script_args, "device": _device_name(), "run": time.strftime("%Y-%m-%dT%H:%M"), "command": COMMAND}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         (out / f"log_{mode.replace('+', '_')}.txt").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
@@ -85,7 +89,8 @@ def render(records: list[dict]) -> str:
     command on one machine), each mode's latest record, ratios to that table's inductor row."""
     groups: dict[tuple[str, str | None], dict[str, dict]] = {}
     for r in records:
-        groups.setdefault((" ".join(r["args"]), r.get("run")), {})[r["mode"]] = r  # later records replace earlier ones
+        # one table per command (its start, "command"; records before 2026-12-06T07:30 have only their own "run")
+        groups.setdefault((" ".join(r["args"]), r.get("command", r.get("run"))), {})[r["mode"]] = r  # later records replace earlier ones
     return "\n\n".join(_table(args, modes) for (args, _), modes in groups.items())
 
 

@@ -189,3 +189,32 @@ def test_benchmark_litgpt_tables_compare_modes_of_one_command_only():
     remat_row = next(line for line in first.splitlines() if line.startswith("| **remat**"))
     assert remat_row.split("|")[5].strip() == "1.100"  # against its own command's inductor, not the later one
     assert "remat" not in second
+
+    # modes of one command ran minutes apart: the command's start keeps them in one table
+    one_command = [dict(r, command="2026-12-06T07:21") for r in (
+        litgpt("inductor", 10.0, 10.0, "2026-12-06T07:21"), litgpt("remat", 11.0, 8.0, "2026-12-06T07:22"))]
+    (table,) = module.render(one_command).split("Thunder's `benchmark_litgpt`")[1:]
+    remat_row = next(line for line in table.splitlines() if line.startswith("| **remat**"))
+    assert remat_row.split("|")[5].strip() == "1.100"
+
+
+def test_the_snapshot_replay_finds_the_peak_and_what_is_alive_then():
+    """gpu_litgpt_snapshot's replay of an allocator history: a block freed before the peak is not alive at
+    it; the peak's event and the bytes per allocating site are reported."""
+    module = load_benchmark("gpu_litgpt_snapshot")
+    mib = 2**20
+    site = lambda line: [{"filename": "/tmp/torchinductor_root/ab/cab.py", "line": line, "name": "call"}]
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 4 * mib, "frames": site(10)},
+        {"action": "alloc", "addr": 2, "size": 2 * mib, "frames": site(20)},
+        {"action": "free_requested", "addr": 2, "size": 2 * mib},
+        {"action": "free_completed", "addr": 2, "size": 2 * mib},
+        {"action": "alloc", "addr": 3, "size": 3 * mib, "frames": site(30)},
+        {"action": "alloc", "addr": 4, "size": 1 * mib, "frames": site(30)},
+        {"action": "free_completed", "addr": 1, "size": 4 * mib},
+    ]
+    result = module.replay(trace)
+    assert result["peak_mib"] == 8.0
+    assert result["peak_event"]["index"] == 5 and result["peak_event"]["of"] == 7
+    assert [b["mib"] for b in result["live_at_peak"]] == [4.0, 3.0, 1.0]
+    assert result["live_by_site"] == {"/tmp/torchinductor_root/ab/cab.py:10 call": 4.0, "/tmp/torchinductor_root/ab/cab.py:30 call": 4.0}

@@ -168,6 +168,28 @@ def test_inductor_does_not_fuse_a_region_into_the_region_that_reads_it(monkeypat
         assert {0, 1} in nodes, nodes
 
 
+@pytest.mark.parametrize("separate", [True, False])
+def test_two_regions_reading_one_view_between_regions_stay_apart(monkeypatch, separate):
+    """A matmul between regions, reshaped, read by two regions: Inductor inlines the reshape into both
+    readers, so both scheduler nodes have the reshape's run among their origins.  That shared run must not
+    make the two regions look alike (it did: Llama-2-7b's recomputed SwiGLU fused with its gradient under
+    a budget, on an H100)."""
+
+    def body(x, w):
+        product = (x @ w).reshape(4, 16, 64)  # outside the regions: the view is inlined into each reader
+        with _annotate({REGION_KEY: 0}):
+            first = _materialized(torch.sigmoid(product) * 2)
+        with _annotate({REGION_KEY: 1}):
+            second = _materialized(torch.tanh(product) + 1)
+        return first, second
+
+    nodes = _scheduled_regions(monkeypatch, body, separate, torch.randn(64, 64), torch.randn(64, 64))
+    if separate:
+        assert {0} in nodes and {1} in nodes, nodes
+    else:
+        assert {0, 1} in nodes, nodes
+
+
 def test_the_graph_owns_the_saved_tensors_it_is_handed():
     """Each saved tensor can be freed inside the graph at its last use: once the graph has taken them, no
     one else (not the caller, not the collection) refers to them."""
