@@ -153,10 +153,10 @@ def jit(
     if runtime == GRAPH_RUNTIME:  # Inductor regions, then each planned trace as one graph (a Thunder transform)
         if memory_budget is not None:
             warn(
-                f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate; Inductor's "
-                "schedule of the whole graph matches it for remat's default plans and for most budget plans, but "
-                "measured up to 24% above it at some budgets on LitGPT blocks (docs/benchmarks.md); where the budget "
-                "must hold, run region by region (runtime='auto' or 'inductor')",
+                f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, and "
+                "Inductor schedules the whole graph itself; on the GPU its peak measured at the estimate for the "
+                "budget plans tried on LitGPT blocks, but on the CPU up to 6% above it (docs/benchmarks.md); where "
+                "the budget must hold, run region by region (runtime='auto' or 'inductor')",
                 UserWarning,
             )
         runtime = "inductor"

@@ -255,7 +255,7 @@ def test_a_forward_drawing_random_numbers_stays_region_by_region(monkeypatch):
 
 
 def test_a_budget_with_the_graph_runtime_warns_that_the_peak_may_exceed_it():
-    """The budget is planned against remat's estimate, which Inductor's own fusion does not keep to."""
+    """The budget is planned against remat's estimate, which Inductor's own schedule is not bound to."""
     with pytest.warns(UserWarning, match="memory_budget is planned against remat's estimate.*region by region"):
         jitted = remat.jit(Block(), memory_budget=0.8, runtime="inductor-graph")
     assert remat.executor_of(jitted).graph_transform is not None
