@@ -31,43 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_graph_memory import frames_of
+from gpu_graph_memory import replay
 
 MIB = 2**20
-
-
-def replay(trace: list[dict], top: int = 20) -> dict:
-    """The highest sum of live blocks over ``trace`` (one device's events), the event that reached it and
-    the blocks alive then."""
-    live: dict[int, dict] = {}
-    current = peak = 0
-    peak_index = -1
-    at_peak: list[dict] = []
-    for index, event in enumerate(trace):
-        if event["action"] == "alloc":
-            live[event["addr"]] = event
-            current += event["size"]
-            if current > peak:
-                peak, peak_index = current, index
-                at_peak = list(live.values())
-        elif event["action"] == "free_completed" and event["addr"] in live:
-            current -= live.pop(event["addr"])["size"]
-    at_peak.sort(key=lambda e: -e["size"])
-    by_site: dict[str, int] = {}
-    for event in at_peak:
-        site = (frames_of(event.get("frames", []), keep=1) or ["(no frame worth reading)"])[0]
-        by_site[site] = by_site.get(site, 0) + event["size"]
-    return {
-        "peak_mib": peak / MIB,
-        "peak_event": {
-            "index": peak_index,
-            "of": len(trace),
-            "frames": frames_of(trace[peak_index].get("frames", []), keep=8) if peak_index >= 0 else [],
-        },
-        "live_at_peak": [dict(mib=round(e["size"] / MIB, 2), frames=frames_of(e.get("frames", []))) for e in at_peak[:top]],
-        "live_by_site": {site: round(size / MIB, 2) for site, size in sorted(by_site.items(), key=lambda kv: -kv[1])[:top]},
-        "live_blocks": len(at_peak),
-    }
 
 
 def main() -> None:

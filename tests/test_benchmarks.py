@@ -199,9 +199,10 @@ def test_benchmark_litgpt_tables_compare_modes_of_one_command_only():
 
 
 def test_the_snapshot_replay_finds_the_peak_and_what_is_alive_then():
-    """gpu_litgpt_snapshot's replay of an allocator history: a block freed before the peak is not alive at
-    it; the peak's event and the bytes per allocating site are reported."""
-    module = load_benchmark("gpu_litgpt_snapshot")
+    """The replay of an allocator history (gpu_graph_memory's, which gpu_litgpt_snapshot uses): a block
+    freed before the peak is not alive at it; the peak's event and the bytes per allocating site are
+    reported."""
+    module = load_benchmark("gpu_graph_memory")
     mib = 2**20
     site = lambda line: [{"filename": "/tmp/torchinductor_root/ab/cab.py", "line": line, "name": "call"}]
     trace = [
