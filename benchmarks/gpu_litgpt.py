@@ -85,8 +85,8 @@ def run_mode(mode: str, script_args: list[str], out: Path, timeout: float) -> di
 
 
 def render(records: list[dict]) -> str:
-    """One table per argument list (model, layers) and command (its ``run``: ratios compare modes of one
-    command on one machine), each mode's latest record, ratios to that table's inductor row."""
+    """One table per argument list (model, layers) and command (its start, ``command``: ratios compare
+    modes of one command on one machine), each mode's latest record, ratios to that table's inductor row."""
     groups: dict[tuple[str, str | None], dict[str, dict]] = {}
     for r in records:
         # one table per command (its start, "command"; records before 2026-12-06T07:30 have only their own "run")
