@@ -56,6 +56,10 @@ VARIANTS: dict[str, dict] = {
     "graph-no-locality": {"inductor_options": {"reorder_for_locality": False}},
     "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse across regions (horizontally and vertically)
     "graph-reuse": {"inductor_options": {"allow_buffer_reuse": True}},  # Inductor keeps a dead buffer for a later one of its size (off by default)
+    # issue 18: Inductor's own choice between a pointwise cat and a concat buffer (pointwise is remat's default since 2026-12-06)
+    "graph-concat-kernel": {"inductor_options": {"force_pointwise_cat": False}},
+    # issue 18: the graph runtime before 2026-12-06: attention's q, k, v as their regions compute them (contiguous), Inductor's cats
+    "graph-as-traced": {"token_major_attention": False, "inductor_options": {"force_pointwise_cat": False}},
 }
 
 

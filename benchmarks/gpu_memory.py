@@ -126,6 +126,14 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
     if mode == "remat-graph":  # issue 18: remat's planned forward and backward each one Inductor graph
         jitted = remat.jit(module, runtime="inductor-graph")
         return jitted, remat.executor_of(jitted)
+    if mode.startswith("remat-graph:"):  # the graph runtime under one of gpu_graph_memory.VARIANTS (what each constraint costs in time)
+        from gpu_graph_memory import VARIANTS
+
+        from remat.thunder.graph import InductorGraphTransform
+
+        transform = InductorGraphTransform(**VARIANTS[mode.split(":", 1)[1]])
+        jitted = remat.jit(module, runtime="inductor", transforms=[transform])
+        return jitted, remat.executor_of(jitted)
     if mode == "remat-inductor":  # issue 18: Triton kernels for remat's regions
         jitted = remat.jit(module, runtime="inductor")
         return jitted, remat.executor_of(jitted)

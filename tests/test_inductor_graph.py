@@ -346,3 +346,76 @@ def test_inductor_compiles_a_graph_with_the_embedding_gradient_kept_whole():
     assert graph._call_ctx[graph.sym.name].path == "inductor"
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+
+class _Attention(torch.nn.Module):
+    """A causal self-attention with LitGPT's layout: one qkv projection, heads split out and moved before
+    the tokens, a rotary embedding on the first quarter of each head (q and k are cats), an output projection."""
+
+    def __init__(self, width: int = 32, heads: int = 2):
+        super().__init__()
+        self.heads, self.head_dim = heads, width // heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        batch, tokens, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=-1)
+        q, k, v = (t.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        rotary = self.head_dim // 4
+        angle = torch.arange(tokens, dtype=x.dtype)[:, None] / (1 + torch.arange(rotary, dtype=x.dtype))
+        half = rotary // 2
+
+        def rope(t):  # LitGPT's: x * cos + rotate_half(x) * sin on the first ``rotary`` features
+            part = t[..., :rotary]
+            rotated = torch.cat((-part[..., half:], part[..., :half]), -1)
+            return torch.cat((part * angle.cos() + rotated * angle.sin(), t[..., rotary:]), -1)
+
+        q, k = rope(q), rope(k)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
+
+
+def test_attention_reads_token_major_query_key_and_value_and_trains_as_before(monkeypatch):
+    """Attention's q, k and v are laid out token by token (the qkv projection's layout; on a GPU cuDNN then
+    allocates its output so, and the output projection reads it as a view), with the gradients of eager
+    PyTorch; without ``token_major_attention``, as the regions compute them (contiguous)."""
+    import torch._inductor.compile_fx as compile_fx
+
+    from remat.thunder.graph import InductorGraphTransform, token_major_strides
+
+    graphs = []
+    compile_inner = compile_fx.compile_fx_inner
+
+    compiled = {"inductor": True}
+
+    def recording(graph, inputs, **kwargs):
+        graphs.append(graph)
+        if compiled["inductor"]:
+            return compile_inner(graph, inputs, **kwargs)
+        return lambda args: graph(*args)  # the traced graph run eagerly: no second C++ build
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    torch.manual_seed(0)
+    module, x = _Attention(), torch.randn(2, 8, 32)
+    expected_loss, expected_grads = train_step(module, x)
+    for token_major in (True, False):
+        graphs.clear()
+        compiled["inductor"] = token_major
+        jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(token_major_attention=token_major)])
+        loss, grads = train_step(jitted, x)
+        torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        reads = [
+            node.args[:3]
+            for graph in graphs
+            for node in graph.graph.nodes
+            if node.op == "call_function" and "flash_attention_for_cpu" in str(node.target) and "backward" not in str(node.target)
+        ]
+        assert len(reads) == 1
+        for operand in reads[0]:
+            value = operand.meta["val"]
+            laid_out = tuple(value.stride()) == token_major_strides(value.shape)
+            assert laid_out == token_major, (token_major, tuple(value.shape), tuple(value.stride()))

@@ -37,7 +37,7 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat._logging import logger
 from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
@@ -63,8 +63,16 @@ _FRAME = frozenset(
 #: dead buffer allocated until a later buffer of its size takes it over (its ``del`` is deferred), which
 #: remat's estimate does not model and PyTorch's caching allocator does anyway on the GPU: on the CPU
 #: (stablecode-3b x2, seq 2048) the backward's peak was 405 MiB with it, 365 without (estimate 363).
-#: Size asserts cost host time.
-INDUCTOR_OPTIONS: dict[str, Any] = {"size_asserts": False, "reorder_for_peak_memory": False, "allow_buffer_reuse": False}
+#: Size asserts cost host time.  Every cat is one pointwise kernel: with partial rotary embeddings (q and k
+#: are a cat of their RoPE'd part and the rest) Inductor 2.11 otherwise writes a contiguous concat buffer,
+#: which the token-major layout of attention's inputs (``token_major_attention``) then copies again (H100,
+#: stablecode-3b x2: 116 against 65 us a layer for q, k and v).
+INDUCTOR_OPTIONS: dict[str, Any] = {
+    "size_asserts": False,
+    "reorder_for_peak_memory": False,
+    "allow_buffer_reuse": False,
+    "force_pointwise_cat": True,
+}
 _UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
 
 #: Default of ``embedding_scratch_limit``: the most bytes of fp32 scratch Inductor's embedding gradient may
@@ -145,15 +153,56 @@ except ImportError:  # pragma: no cover - older torch: no barrier (Inductor may 
     _annotate = None
 
 
-def _materialized(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``, which Inductor must store as a buffer of its own (with these strides) rather than inline
-    into each reader.  In eager mode (and when the strides already match) the same tensor."""
+def _materialized(tensor: torch.Tensor, stride: Sequence[int] | None = None) -> torch.Tensor:
+    """``tensor``, which Inductor must store as a buffer of its own (with ``stride``, default its own
+    strides) rather than inline into each reader.  In eager mode the same tensor when the strides already
+    match, else a copy with those strides."""
     import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
 
-    return torch.ops.prims.inductor_force_stride_order(tensor, tensor.stride())
+    return torch.ops.prims.inductor_force_stride_order(tensor, tuple(tensor.stride()) if stride is None else tuple(stride))
 
 
-def _traceable(bsym: BoundSymbol, materialize_outputs: bool, region: int | None = None) -> BoundSymbol:
+def token_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a ``(batch, heads, tokens, head_dim)`` tensor laid out token by token in memory, as
+    ``(batch, tokens, heads, head_dim)``: the layout in which a qkv projection's output already is, so that
+    ``q``, ``k`` and ``v`` are written with unit-stride rows and the attention output, which cuDNN allocates
+    in its query's layout, is a free view of ``(batch, tokens, heads * head_dim)`` for the output
+    projection (forward and backward) instead of a transposing copy."""
+    batch, heads, tokens, head_dim = shape
+    return (tokens * heads * head_dim, head_dim, heads * head_dim, 1)
+
+
+def _laid_out(value: Any, name: str | None, token_major: frozenset[str]) -> Any:
+    """A region's output as a buffer of its own (:func:`_materialized`), token-major if ``name`` is in
+    ``token_major`` and the tensor is 4-D."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if name in token_major and value.ndim == 4:
+        return _materialized(value, token_major_strides(value.shape))
+    return _materialized(value)
+
+
+def _attention_inputs(bsyms: Sequence[BoundSymbol]) -> set[str]:
+    """Names of the 4-D query, key and value tensors that remat's attention operators (cuDNN's on a GPU,
+    PyTorch's CPU flash attention elsewhere) read, forward and backward, in ``bsyms``."""
+    from remat.thunder.attention import cudnn_sdpa_backward, cudnn_sdpa_forward, sdpa_backward, sdpa_forward
+
+    forward_ids, backward_ids = {cudnn_sdpa_forward.id, sdpa_forward.id}, {cudnn_sdpa_backward.id, sdpa_backward.id}
+    names: set[str] = set()
+    for bsym in bsyms:
+        if bsym.sym.id in forward_ids:
+            operands = bsym.args[:3]
+        elif bsym.sym.id in backward_ids:
+            operands = bsym.args[1:4]
+        else:
+            continue
+        names.update(p.name for p in operands if isinstance(p, TensorProxy) and p.ndim == 4)
+    return names
+
+
+def _traceable(
+    bsym: BoundSymbol, materialize_outputs: bool, region: int | None = None, token_major: frozenset[str] = frozenset()
+) -> BoundSymbol:
     """``bsym`` as ``make_fx`` can trace it: a remat region runs its prims with the torch reference (its
     own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls.
 
@@ -164,15 +213,20 @@ def _traceable(bsym: BoundSymbol, materialize_outputs: bool, region: int | None 
     model counts it.  Without that, Inductor inlines a region's pointwise output into every reader: one
     that two readers need in different layouts (a matmul and a transposed matmul, as in a linear layer's
     backward) is then computed and stored twice, and both copies live at once (measured: +340 MiB on
-    stablecode-3b x2's backward, H100; docs/benchmarks.md)."""
+    stablecode-3b x2's backward, H100; docs/benchmarks.md).
+
+    ``token_major``: names of region outputs to lay out with :func:`token_major_strides` (attention's
+    inputs; needs ``materialize_outputs``)."""
     if not bsym.sym.is_fusion:
         return bsym
     reference = TorchRegionCallable(bsym.sym.name, bsym.subsymbols, bsym.args, bsym.output).build()
     if materialize_outputs:
         run_region = reference
+        output_names = [getattr(p, "name", None) for p in tree_flatten(bsym.output)[0]]
 
         def reference(*args: Any) -> Any:
-            return tree_map_only(torch.Tensor, _materialized, run_region(*args))
+            values, spec = tree_flatten(run_region(*args))  # as the symbol's output: one name per value
+            return tree_unflatten([_laid_out(value, name, token_major) for value, name in zip(values, output_names)], spec)
 
     if region is not None and _annotate is not None:
         untagged = reference
@@ -359,12 +413,15 @@ def compile_trace_body(
     inductor_options: dict[str, Any] | None = None,
     separate_regions: bool = True,
     embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
+    token_major_attention: bool = True,
 ) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
     left as it is.  ``materialize_region_outputs``: see :func:`_traceable`; ``inductor_options``: Inductor
     settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no fusion across regions
-    (:func:`_separate_regions_choices`); ``embedding_scratch_limit``: see :func:`_decompositions`."""
+    (:func:`_separate_regions_choices`); ``embedding_scratch_limit``: see :func:`_decompositions`;
+    ``token_major_attention``: region outputs that attention reads as query, key or value are laid out
+    token-major (:func:`token_major_strides`)."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
     if not body_positions:
@@ -413,7 +470,8 @@ def compile_trace_body(
     flat_inputs = [o for b in drained_unpacks for o in b.flat_proxy_outs] + tensor_inputs
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
-    traceable = [_traceable(b, materialize_region_outputs, region) for region, b in enumerate(with_dels)]
+    token_major = frozenset(_attention_inputs(with_dels)) if token_major_attention and materialize_region_outputs else frozenset()
+    traceable = [_traceable(b, materialize_region_outputs, region, token_major) for region, b in enumerate(with_dels)]
     traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
     callable_ = GraphCallable(
@@ -450,7 +508,8 @@ class InductorGraphTransform(Transform):
     kernel, which would compute a region's outputs earlier or later than remat's plan has them
     (:func:`_separate_regions_choices`); False lets it.  ``embedding_scratch_limit``: the most bytes of fp32
     scratch Inductor's embedding gradient may take; above it the graph calls PyTorch's embedding backward
-    (:func:`_decompositions`)."""
+    (:func:`_decompositions`).  ``token_major_attention``: attention's query, key and value, where a region
+    computes them, are laid out token by token (:func:`token_major_strides`)."""
 
     def __init__(
         self,
@@ -458,8 +517,10 @@ class InductorGraphTransform(Transform):
         inductor_options: dict[str, Any] | None = None,
         separate_regions: bool = True,
         embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
+        token_major_attention: bool = True,
     ) -> None:
         super().__init__()
+        self.token_major_attention = token_major_attention
         self.embedding_scratch_limit = embedding_scratch_limit
         self.materialize_region_outputs = materialize_region_outputs
         self.separate_regions = separate_regions
@@ -476,6 +537,7 @@ class InductorGraphTransform(Transform):
             self.inductor_options,
             self.separate_regions,
             self.embedding_scratch_limit,
+            self.token_major_attention,
         )
         if reason is not None:
             note = f"{computation_trace.siginfo().name}: left region by region ({reason})"
