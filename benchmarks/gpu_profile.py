@@ -117,6 +117,40 @@ def gpu_busy(chrome_trace: Path) -> dict:
     return dict(kernels=len(kernels), gpu_busy_ms=busy / 1e3, kernel_span_ms=span / 1e3, gpu_idle_ms=(span - busy) / 1e3)
 
 
+def _kernel_kind(name: str) -> str:
+    if name.startswith(("nvjet", "sm90_xmma", "cutlass")) or "gemm" in name:
+        return "matmul"
+    if "sdpa" in name or "fmha" in name or "flash" in name:
+        return "attention backward" if "bprop" in name or "bwd" in name else "attention forward"
+    if name.startswith("void cudnn"):
+        return "attention (cuDNN helpers)"
+    if name.startswith("triton"):
+        return "triton"
+    if name.startswith("nvfuser"):
+        return "nvfuser"
+    return "other"
+
+
+def kernel_kinds(chrome_trace: Path) -> dict:
+    """GPU time (us) and kernel count by kind of kernel (matmul, attention, Triton, ...), for the forward
+    and the backward apart: the step's kernels split at the loss gradient's fill (the first
+    ``FillFunctor`` kernel, which starts the backward), or all under ``step`` where there is none."""
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    fills = [i for i, k in enumerate(kernels) if "FillFunctor" in k[2]]
+    phases = {"forward": kernels[: fills[0]], "backward": kernels[fills[0] + 1 :]} if fills else {"step": kernels}
+    table: dict = {}
+    for phase, part in phases.items():
+        kinds: dict[str, dict] = {}
+        for _, duration, name in part:
+            row = kinds.setdefault(_kernel_kind(name), {"us": 0.0, "kernels": 0})
+            row["us"] += duration
+            row["kernels"] += 1
+        table[phase] = {kind: {"us": round(row["us"], 1), "kernels": row["kernels"]} for kind, row in sorted(kinds.items())}
+        table[phase]["total_us"] = round(sum(d for _, d, _ in part), 1)
+    return table
+
+
 def kernel_time(fn, params, idx, targets, chrome_trace: Path | None = None) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -126,6 +160,7 @@ def kernel_time(fn, params, idx, targets, chrome_trace: Path | None = None) -> d
     if chrome_trace is not None:
         prof.export_chrome_trace(str(chrome_trace))
         busy = gpu_busy(chrome_trace)
+        busy["kernel_kinds"] = kernel_kinds(chrome_trace)
     events = prof.key_averages()
     rows = []
     total_us = 0.0

@@ -103,6 +103,33 @@ def test_host_diagnostic_splits_kernels_by_phase(tmp_path):
     assert backward["kernels"] == 1 and abs(backward["first_kernel_delay_ms"] - 0.030) < 1e-9
 
 
+def test_the_profile_sums_kernel_time_by_kind_for_forward_and_backward(tmp_path):
+    gpu_profile = load_benchmark("gpu_profile")
+    kernel = lambda ts, dur, name: dict(cat="kernel", ts=ts, dur=dur, name=name)  # noqa: E731
+    events = [
+        kernel(0.0, 10.0, "triton_red_fused_layer_norm_0"),
+        kernel(10.0, 100.0, "nvjet_sm90_tst_192x192_TNN"),
+        kernel(110.0, 50.0, "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_kernel0"),
+        kernel(200.0, 1.0, "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>"),
+        kernel(300.0, 80.0, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0"),
+        kernel(380.0, 5.0, "void cudnn::fusion::convert_dq_to_16bits<true>"),
+        kernel(390.0, 20.0, "nvjet_sm90_tst_320x128_NNT"),
+        kernel(410.0, 4.0, "triton_poi_fused_cat_1"),
+    ]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [*events, dict(cat="cpu_op", ts=0.0, dur=500.0, name="aten::mm")]}))
+    kinds = gpu_profile.kernel_kinds(trace)
+    assert kinds["forward"] == {
+        "triton": {"us": 10.0, "kernels": 1},
+        "matmul": {"us": 100.0, "kernels": 1},
+        "attention forward": {"us": 50.0, "kernels": 1},
+        "total_us": 160.0,
+    }
+    assert kinds["backward"]["attention backward"] == {"us": 80.0, "kernels": 1}
+    assert kinds["backward"]["attention (cuDNN helpers)"] == {"us": 5.0, "kernels": 1}
+    assert kinds["backward"]["total_us"] == 109.0  # the loss gradient's fill splits the phases, counted in neither
+
+
 def load_gpu_budget():
     import sys
 
