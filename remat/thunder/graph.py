@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from remat._logging import logger
 from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
 from remat.errors import warn
+from remat.thunder.attention import cudnn_sdpa_backward, cudnn_sdpa_forward, sdpa_backward, sdpa_forward
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
@@ -185,8 +186,6 @@ def _laid_out(value: Any, name: str | None, token_major: frozenset[str]) -> Any:
 def _attention_inputs(bsyms: Sequence[BoundSymbol]) -> set[str]:
     """Names of the 4-D query, key and value tensors that remat's attention operators (cuDNN's on a GPU,
     PyTorch's CPU flash attention elsewhere) read, forward and backward, in ``bsyms``."""
-    from remat.thunder.attention import cudnn_sdpa_backward, cudnn_sdpa_forward, sdpa_backward, sdpa_forward
-
     forward_ids, backward_ids = {cudnn_sdpa_forward.id, sdpa_forward.id}, {cudnn_sdpa_backward.id, sdpa_backward.id}
     names: set[str] = set()
     for bsym in bsyms:
