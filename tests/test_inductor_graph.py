@@ -353,16 +353,20 @@ class _Attention(torch.nn.Module):
     """A causal self-attention with LitGPT's layout: one qkv projection, heads split out and moved before
     the tokens, a rotary embedding on the first quarter of each head (q and k are cats), an output projection."""
 
-    def __init__(self, width: int = 32, heads: int = 2):
+    def __init__(self, width: int = 32, heads: int = 2, multi_query: bool = False):
         super().__init__()
         self.heads, self.head_dim = heads, width // heads
-        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.kv_heads = 1 if multi_query else heads  # one key/value head expanded over the query heads (Falcon)
+        self.qkv = torch.nn.Linear(width, width + 2 * self.kv_heads * self.head_dim)
         self.proj = torch.nn.Linear(width, width)
 
     def forward(self, x):
         batch, tokens, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=-1)
-        q, k, v = (t.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self.qkv(x).split((width, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim), dim=-1)
+        q = q.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k, v = (t.reshape(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
+        if self.kv_heads != self.heads:
+            k, v = (t.expand(batch, self.heads, tokens, self.head_dim) for t in (k, v))
         rotary = self.head_dim // 4
         angle = torch.arange(tokens, dtype=x.dtype)[:, None] / (1 + torch.arange(rotary, dtype=x.dtype))
         half = rotary // 2
@@ -419,3 +423,30 @@ def test_attention_reads_token_major_query_key_and_value_and_trains_as_before(mo
             value = operand.meta["val"]
             laid_out = tuple(value.stride()) == token_major_strides(value.shape)
             assert laid_out == token_major, (token_major, tuple(value.shape), tuple(value.stride()))
+
+
+@pytest.mark.parametrize("token_major", [True, False])
+def test_keys_expanded_over_query_heads_stay_views_in_the_graph(monkeypatch, token_major):
+    """Multi-query attention: one key/value head expanded over the query heads, a view with stride 0 over
+    the heads, as a region's output.  It stays a view: a buffer of its own with those strides cannot exist
+    (tracing failed and the graph ran region by region), and a dense (or token-major) copy would be bytes
+    the memory model does not count."""
+    torch.manual_seed(0)
+    module, x = _Attention(multi_query=True), torch.randn(2, 8, 32)
+    expected_loss, expected_grads = train_step(module, x)
+    import torch._inductor.compile_fx as compile_fx
+
+    from remat.thunder.graph import InductorGraphTransform
+
+    # the traced graph run eagerly (no C++ build): a buffer with the view's strides fails there as in Inductor
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", lambda graph, inputs, **kwargs: lambda args: graph(*args))
+    jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(token_major_attention=token_major)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback to region by region
+        loss, grads = train_step(jitted, x)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
+        (graph,) = graphs_of(trace)
+        assert graph._call_ctx[graph.sym.name].path == "inductor"

@@ -173,10 +173,26 @@ def token_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return (tokens * heads * head_dim, head_dim, heads * head_dim, 1)
 
 
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill its storage span once each (a permutation of a contiguous
+    layout), unlike a view expanded over a dimension (stride 0)."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _laid_out(value: Any, name: str | None, token_major: frozenset[str]) -> Any:
     """A region's output as a buffer of its own (:func:`_materialized`), token-major if ``name`` is in
-    ``token_major`` and the tensor is 4-D."""
+    ``token_major`` and the tensor is 4-D; a view that is not dense stays as it is."""
     if not isinstance(value, torch.Tensor):
+        return value
+    if not _dense(value):
+        # A view expanded over a dimension (keys and values of multi-query attention expanded over the
+        # query heads): a buffer with its strides cannot exist, and a dense copy is bytes the memory
+        # model does not count.  It stays the view it is.
         return value
     if name in token_major and value.ndim == 4:
         return _materialized(value, token_major_strides(value.shape))
