@@ -17,7 +17,10 @@ nvFuser: ``runtime="inductor"``) and ``remat-nohost`` / ``remat-inductor-nohost`
 region of its own, as before hosting) and
 ``remat@0.8x-torch.compile-peak`` (remat with a memory budget of 0.8 x torch.compile's measured peak, the
 most issue 18 lets remat use: the room above remat's default plan buys fewer kernels; list it after
-``torch.compile``).
+``torch.compile``) and ``remat-graph`` (``runtime="inductor-graph"``: the planned forward and backward as
+one Inductor graph each) and ``remat-graph:<variant>`` (that runtime with the settings of
+``gpu_graph_memory.VARIANTS[variant]``, e.g. ``graph-as-traced``, the runtime before attention's inputs were
+laid out token-major, to measure what one setting is worth in the same process).
 
 Measured as ../shared/DESIGN.md says: bf16 LitGPT config, batch 1, vocab 512 (so logits do not set the
 peak), loss = cross entropy inside the compiled module; gradients set to None before each step;
