@@ -46,7 +46,7 @@ from remat.thunder.attention import cudnn_sdpa_backward, cudnn_sdpa_forward, sdp
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
-__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "INDUCTOR_OPTIONS", "EMBEDDING_SCRATCH_LIMIT"]
+__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "token_major_strides", "INDUCTOR_OPTIONS", "EMBEDDING_SCRATCH_LIMIT"]
 
 #: Bound symbols that frame a trace's body rather than compute: they stay outside the graph.
 _FRAME = frozenset(
