@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import remat.thunder  # noqa: E402,F401  (compat bridge before Thunder)
 from gpu_memory import RUN, build, make  # noqa: E402
-from gpu_profile import kernel_union  # noqa: E402
+from gpu_profile import kernel_union, trace_kernels  # noqa: E402
 
 
 class RegionTimer:
@@ -131,7 +131,7 @@ def phase_timeline(chrome_trace: Path) -> dict:
         for e in events
         if str(e.get("name", "")).startswith("phase::") and "dur" in e and e.get("cat") != "gpu_user_annotation"
     }
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
+    kernels = trace_kernels(events)
     result = {}
     ordered = sorted(phases.items(), key=lambda item: item[1][0])
     for i, (name, (start, _stop)) in enumerate(ordered):

@@ -107,11 +107,16 @@ def kernel_union(kernels: list[tuple[float, float, str]]) -> tuple[float, list[t
     return busy, gaps
 
 
-def gpu_busy(chrome_trace: Path) -> dict:
-    """From an exported profiler trace: kernel count, GPU busy time (union of kernel intervals) and the
-    span from first to last kernel, so idle = span - busy is time the GPU waited (mostly on launches)."""
-    events = json.loads(chrome_trace.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e)
+def trace_kernels(events: list[dict]) -> list[tuple[float, float, str]]:
+    """The GPU kernels of an exported profiler trace's ``traceEvents``: ``(start, stop, name)`` in us,
+    sorted by start."""
+    return sorted((e["ts"], e["ts"] + e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e)
+
+
+def gpu_busy(kernels: list[tuple[float, float, str]]) -> dict:
+    """From a trace's kernels (:func:`trace_kernels`): kernel count, GPU busy time (union of kernel
+    intervals) and the span from first to last kernel, so idle = span - busy is time the GPU waited
+    (mostly on launches)."""
     busy, _ = kernel_union(kernels)
     span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
     return dict(kernels=len(kernels), gpu_busy_ms=busy / 1e3, kernel_span_ms=span / 1e3, gpu_idle_ms=(span - busy) / 1e3)
@@ -131,23 +136,22 @@ def _kernel_kind(name: str) -> str:
     return "other"
 
 
-def kernel_kinds(chrome_trace: Path) -> dict:
-    """GPU time (us) and kernel count by kind of kernel (matmul, attention, Triton, ...), for the forward
-    and the backward apart: the step's kernels split at the loss gradient's fill (the first
-    ``FillFunctor`` kernel, which starts the backward), or all under ``step`` where there is none."""
-    events = json.loads(chrome_trace.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["dur"], e.get("name", "")) for e in events if e.get("cat") == "kernel" and "dur" in e)
+def kernel_kinds(kernels: list[tuple[float, float, str]]) -> dict:
+    """GPU time (us) and kernel count by kind of kernel (matmul, attention, Triton, ...) of a trace's
+    kernels (:func:`trace_kernels`), for the forward and the backward apart: the step's kernels split at
+    the loss gradient's fill (the first ``FillFunctor`` kernel, which starts the backward), or all under
+    ``step`` where there is none."""
     fills = [i for i, k in enumerate(kernels) if "FillFunctor" in k[2]]
     phases = {"forward": kernels[: fills[0]], "backward": kernels[fills[0] + 1 :]} if fills else {"step": kernels}
     table: dict = {}
     for phase, part in phases.items():
         kinds: dict[str, dict] = {}
-        for _, duration, name in part:
+        for start, stop, name in part:
             row = kinds.setdefault(_kernel_kind(name), {"us": 0.0, "kernels": 0})
-            row["us"] += duration
+            row["us"] += stop - start
             row["kernels"] += 1
         table[phase] = {kind: {"us": round(row["us"], 1), "kernels": row["kernels"]} for kind, row in sorted(kinds.items())}
-        table[phase]["total_us"] = round(sum(d for _, d, _ in part), 1)
+        table[phase]["total_us"] = round(sum(stop - start for start, stop, _ in part), 1)
     return table
 
 
@@ -159,8 +163,8 @@ def kernel_time(fn, params, idx, targets, chrome_trace: Path | None = None) -> d
     busy = {}
     if chrome_trace is not None:
         prof.export_chrome_trace(str(chrome_trace))
-        busy = gpu_busy(chrome_trace)
-        busy["kernel_kinds"] = kernel_kinds(chrome_trace)
+        kernels = trace_kernels(json.loads(chrome_trace.read_text())["traceEvents"])
+        busy = {**gpu_busy(kernels), "kernel_kinds": kernel_kinds(kernels)}
     events = prof.key_averages()
     rows = []
     total_us = 0.0

@@ -118,7 +118,7 @@ def test_the_profile_sums_kernel_time_by_kind_for_forward_and_backward(tmp_path)
     ]
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": [*events, dict(cat="cpu_op", ts=0.0, dur=500.0, name="aten::mm")]}))
-    kinds = gpu_profile.kernel_kinds(trace)
+    kinds = gpu_profile.kernel_kinds(gpu_profile.trace_kernels(json.loads(trace.read_text())["traceEvents"]))
     assert kinds["forward"] == {
         "triton": {"us": 10.0, "kernels": 1},
         "matmul": {"us": 100.0, "kernels": 1},
