@@ -22,6 +22,22 @@ def graphs_of(trace) -> list:
     return [b for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
 
 
+def recorded_graphs(monkeypatch, compile=lambda: False) -> list:
+    """The FX graphs the graph runtime hands to Inductor, in order.  Inductor compiles each while
+    ``compile()`` is true; otherwise the graph runs eagerly (the same values, no C++ build)."""
+    import torch._inductor.compile_fx as compile_fx
+
+    graphs: list = []
+    compile_inner = compile_fx.compile_fx_inner
+
+    def record(graph, example_inputs, **kwargs):
+        graphs.append(graph)
+        return compile_inner(graph, example_inputs, **kwargs) if compile() else (lambda args: graph(*args))
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    return graphs
+
+
 def no_region_compilation(monkeypatch):
     """Regions (the graph's fallback) run with the torch reference: no C++ build in tests that do not need one."""
     monkeypatch.setattr(InductorRegionCallable, "_build", lambda self: self.reference.build())
@@ -304,17 +320,9 @@ def test_an_embedding_gradient_above_the_scratch_limit_runs_pytorchs_op(monkeypa
     """Inductor's own embedding gradient holds an fp32 table of zeros beside the bf16 gradient (+480 MiB over
     remat's estimate on stablecode-3b's 49152 x 2560 table, measured on the CPU): above the limit the graph
     calls PyTorch's op (a custom op Inductor leaves whole), below it Inductor's decomposition stays."""
-    import torch._inductor.compile_fx as compile_fx
-
     from remat.thunder.graph import InductorGraphTransform
 
-    graphs: list = []
-
-    def record(graph, example_inputs, **kwargs):  # runs the FX graph itself: no C++ build
-        graphs.append(graph)
-        return lambda args: graph(*args)
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    graphs = recorded_graphs(monkeypatch)
     no_region_compilation(monkeypatch)
     model = Embedded()
     idx = torch.randint(0, 64, (2, 8))
@@ -346,7 +354,6 @@ def test_inductor_compiles_a_graph_with_the_embedding_gradient_kept_whole():
     assert graph._call_ctx[graph.sym.name].path == "inductor"
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
-
 
 
 class _Attention(torch.nn.Module):
@@ -385,22 +392,10 @@ def test_attention_reads_token_major_query_key_and_value_and_trains_as_before(mo
     """Attention's q, k and v are laid out token by token (the qkv projection's layout; on a GPU cuDNN then
     allocates its output so, and the output projection reads it as a view), with the gradients of eager
     PyTorch; without ``token_major_attention``, as the regions compute them (contiguous)."""
-    import torch._inductor.compile_fx as compile_fx
-
     from remat.thunder.graph import InductorGraphTransform, token_major_strides
 
-    graphs = []
-    compile_inner = compile_fx.compile_fx_inner
-
     compiled = {"inductor": True}
-
-    def recording(graph, inputs, **kwargs):
-        graphs.append(graph)
-        if compiled["inductor"]:
-            return compile_inner(graph, inputs, **kwargs)
-        return lambda args: graph(*args)  # the traced graph run eagerly: no second C++ build
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    graphs = recorded_graphs(monkeypatch, compile=lambda: compiled["inductor"])  # one C++ build, not two
     torch.manual_seed(0)
     module, x = _Attention(), torch.randn(2, 8, 32)
     expected_loss, expected_grads = train_step(module, x)
@@ -431,15 +426,12 @@ def test_keys_expanded_over_query_heads_stay_views_in_the_graph(monkeypatch, tok
     the heads, as a region's output.  It stays a view: a buffer of its own with those strides cannot exist
     (tracing failed and the graph ran region by region), and a dense (or token-major) copy would be bytes
     the memory model does not count."""
+    from remat.thunder.graph import InductorGraphTransform
+
+    recorded_graphs(monkeypatch)  # run eagerly: a buffer with the view's strides fails there as in Inductor
     torch.manual_seed(0)
     module, x = _Attention(multi_query=True), torch.randn(2, 8, 32)
     expected_loss, expected_grads = train_step(module, x)
-    import torch._inductor.compile_fx as compile_fx
-
-    from remat.thunder.graph import InductorGraphTransform
-
-    # the traced graph run eagerly (no C++ build): a buffer with the view's strides fails there as in Inductor
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", lambda graph, inputs, **kwargs: lambda args: graph(*args))
     jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(token_major_attention=token_major)])
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no fallback to region by region
