@@ -58,6 +58,16 @@ def step_peak_bytes(fn, params, idx, targets) -> int:
     return peak
 
 
+def _budget(text: str) -> float | str | None:
+    """A ``--budgets`` value as ``remat.jit`` takes it: None, a fraction, or a size string."""
+    if text == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text  # a size such as "1642MiB": remat's MemoryBudget.parse checks it
+
+
 def main() -> None:
     import remat
     import remat.thunder  # noqa: F401  (before thunder)
@@ -71,8 +81,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--variants", nargs="+", default=["graph", "graph-reuse", "graph-fuse-regions"], choices=sorted(VARIANTS))
-    parser.add_argument("--budgets", nargs="+", default=[None], type=lambda v: None if v == "none" else float(v),
-                        help="remat memory budgets (fractions of the default plan's estimated peak; 'none': no budget)")
+    parser.add_argument("--budgets", nargs="+", default=[None], type=_budget,
+                        help="remat memory budgets: fractions of the default plan's estimated peak, sizes such as "
+                        "'1642MiB' (above the default plan too), or 'none' (no budget)")
     parser.add_argument("--out", type=Path, help="a .jsonl file the records are appended to")
     args = parser.parse_args()
 

@@ -17,7 +17,7 @@ from remat.core.policies import FusionPolicy, RecomputePolicy, check_policy
 from remat.errors import warn
 from remat.pipeline import optimize
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
-from remat.thunder.graph import InductorGraphTransform
+from remat.thunder.graph import InductorGraphTransform, runs_as_graphs
 from remat.thunder.runtimes import GRAPH_RUNTIME
 from remat.thunder.executor import DefaultsInstalled, RematExecutor, default_executors, install_defaults, jit_with
 
@@ -103,19 +103,18 @@ def install(
     if runtime == GRAPH_RUNTIME:
         runtime = "inductor"
         transforms.append(InductorGraphTransform())
-    return install_defaults(
-        executors(
-            memory_budget,
-            runtime=runtime,
-            fusion=fusion,
-            recompute=recompute,
-            solver=solver,
-            strict=strict,
-            attention=attention,
-            plan=plan,
-        ),
-        transforms,
+    chosen = executors(
+        memory_budget,
+        runtime=runtime,
+        fusion=fusion,
+        recompute=recompute,
+        solver=solver,
+        strict=strict,
+        attention=attention,
+        plan=plan,
     )
+    _plan_for_graph_layout(chosen[-1], transforms)
+    return install_defaults(chosen, transforms)
 
 
 def jit(
@@ -163,8 +162,27 @@ def jit(
         graph_transform = InductorGraphTransform()
         jit_options["transforms"] = [*jit_options.get("transforms", ()), graph_transform]
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
+    _plan_for_graph_layout(ex, jit_options.get("transforms", ()))
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
+
+
+def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:
+    """Where a graph transform among ``transforms`` lays attention's operands out token by token, the
+    executor plans with that layout's memory model (``optimize(..., token_major_attention=True)``) for
+    traces that will run as graphs (:func:`remat.thunder.graph.runs_as_graphs`): the reshape of attention's
+    output for the output projection is a view there, not a copy."""
+    token_major = any(
+        isinstance(t, InductorGraphTransform) and t.token_major_attention and t.materialize_region_outputs
+        for t in transforms or ()
+    )
+    if token_major and ex.optimizer is not None:
+        planned = ex.optimizer
+
+        def optimizer(fused: Any) -> Any:  # a trace drawing random numbers runs region by region: as traced
+            return planned(fused, token_major_attention=runs_as_graphs(fused))
+
+        ex.optimizer = optimizer
 
 
 def executor_of(jitted: Any) -> RematExecutor:

@@ -154,6 +154,7 @@ def optimize(
     solver: Solver = DEFAULT_SOLVER,
     strict: bool = False,
     thunder_baseline: bool = True,
+    token_major_attention: bool = False,
 ) -> Result:
     """Plan and apply one global rematerialization of a (fused) joint Thunder trace.
 
@@ -163,6 +164,10 @@ def optimize(
     float, or a string like ``"600MiB"`` or ``"70%"``) asks for more recomputation until the estimated
     peak fits; see :mod:`remat.planning.budget`.  ``solver`` picks the
     min-cut algorithm (``"dinic"``, ``"preflow_push"`` or a function; :mod:`remat.planning.flow`).
+    ``token_major_attention``: the trace will run with attention's query, key and value laid out token
+    by token (what ``remat.jit(runtime="inductor-graph")`` does), which makes attention's output
+    token-major and the reshape feeding the output projection a view: the memory model counts it so
+    (:func:`remat.read_trace`).
 
     Never worse than Thunder, by construction: the trace returned has the lowest estimated peak of remat's
     rewrite, Thunder's own ``rematerialize`` of the same trace (with ``thunder_baseline=True``, the
@@ -191,9 +196,11 @@ def optimize(
     resolve_solver(solver)
     if not isinstance(thunder_baseline, bool):
         raise TypeError(f"thunder_baseline must be True or False, got {type(thunder_baseline).__name__}")
+    if not isinstance(token_major_attention, bool):
+        raise TypeError(f"token_major_attention must be True or False, got {type(token_major_attention).__name__}")
     start = time.perf_counter()
     with stage("plan") as planning:
-        graph = read_trace(trace)
+        graph = read_trace(trace, token_major_attention=token_major_attention)
         if not graph.is_joint:
             raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
         before = profile_graph(graph)
@@ -235,7 +242,7 @@ def optimize(
         draws_random = any("rng" in op.tags for op in graph.ops)
         thunder_trace, baseline_seconds, thunder_note = _thunder_baseline(trace, draws_random)
         if thunder_trace is not None:
-            candidates["thunder"] = profile_graph(read_trace(thunder_trace, ops=False))
+            candidates["thunder"] = profile_graph(read_trace(thunder_trace, ops=False, token_major_attention=token_major_attention))
         else:
             notes.append(thunder_note)
     candidates["unplanned"] = before
@@ -272,7 +279,7 @@ def optimize(
         )
     elif chosen == "thunder":
         thunder_trace = rebuild_regions(thunder_trace)  # rematerialize edits regions, not their callables
-        thunder_graph = read_trace(thunder_trace)
+        thunder_graph = read_trace(thunder_trace, token_major_attention=token_major_attention)
         result = Result(
             trace=thunder_trace,
             plan=plan,

@@ -10,6 +10,10 @@ own size) and when it is fresh storage.  Two runtimes decide this the same way:
   that input (nvFuser's alias analysis), not as a new buffer.  Measured on the H200: the ``v`` of a
   fused qkv split (slice, reshape, transpose) kept the whole 60 MiB qkv buffer alive.
 
+The layout of attention's tensors is a third fact, of the runtime: where attention's query, key and
+value are laid out token by token (:func:`token_major_strides`; the graph runtime does it), attention's
+output is too, and its ``transpose(1, 2)`` + ``reshape`` for the output projection is a view, not a copy.
+
 Strides are tracked in elements; the storage offset is irrelevant to aliasing and ignored.
 """
 
@@ -19,7 +23,7 @@ import functools
 import math
 from collections.abc import Sequence
 
-__all__ = ["contiguous_strides", "is_contiguous", "reshape_strides", "view_strides"]
+__all__ = ["contiguous_strides", "is_contiguous", "reshape_strides", "token_major_strides", "view_strides"]
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -35,6 +39,16 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(int(size), 1)
     return tuple(reversed(strides))
+
+
+def token_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a ``(batch, heads, tokens, head_dim)`` tensor laid out token by token in memory, as
+    ``(batch, tokens, heads, head_dim)``: the layout in which a qkv projection's output already is, so that
+    ``q``, ``k`` and ``v`` are written with unit-stride rows and the attention output, which cuDNN (and
+    PyTorch's CPU flash attention) allocates in its query's layout, is a free view of ``(batch, tokens,
+    heads * head_dim)`` for the output projection (forward and backward) instead of a transposing copy."""
+    batch, heads, tokens, head_dim = shape
+    return (tokens * heads * head_dim, head_dim, heads * head_dim, 1)
 
 
 def reshape_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequence[int]) -> tuple[int, ...] | None:

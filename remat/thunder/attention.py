@@ -30,7 +30,7 @@ from thunder.core.transforms import get_grad, put_grads
 from thunder.extend import OperatorExecutor, register_executor
 import thunder.torch as ltorch
 
-__all__ = ["attention_executor", "cudnn_attention_executor", "cudnn_attention_available"]
+__all__ = ["attention_executor", "cudnn_attention_executor", "cudnn_attention_available", "attention_operands"]
 
 attention_executor = OperatorExecutor("remat_sdpa", version="0.1")
 register_executor(attention_executor)
@@ -224,3 +224,18 @@ cudnn_attention_executor.register_implementation(
     execution_transform=_cudnn_execution,
     grad_transform=_cudnn_grad_transform,
 )
+
+
+_FORWARD_IDS = {cudnn_sdpa_forward.id, sdpa_forward.id}
+_BACKWARD_IDS = {cudnn_sdpa_backward.id, sdpa_backward.id}
+
+
+def attention_operands(bsym) -> tuple[str, tuple]:
+    """``("forward", (query, key, value))`` for a bound symbol of remat's attention forward (cuDNN's or
+    the CPU's), ``("backward", (query, key, value))`` for its backward, ``("", ())`` for anything else:
+    the one place that knows where these operators take their operands."""
+    if bsym.sym.id in _FORWARD_IDS:
+        return "forward", tuple(bsym.args[:3])
+    if bsym.sym.id in _BACKWARD_IDS:
+        return "backward", tuple(bsym.args[1:4])
+    return "", ()

@@ -41,8 +41,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat._logging import logger
 from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
+from remat.core.strides import token_major_strides
 from remat.errors import warn
-from remat.thunder.attention import cudnn_sdpa_backward, cudnn_sdpa_forward, sdpa_backward, sdpa_forward
+from remat.thunder.attention import attention_operands
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
@@ -145,6 +146,14 @@ def _why_not_graphable(bsym: BoundSymbol) -> str | None:
     return None
 
 
+def runs_as_graphs(trace: TraceCtx) -> bool:
+    """Whether nothing in ``trace`` (a joint trace, as remat plans it) keeps Thunder's forward or backward
+    out of one graph (:func:`_why_not_graphable`): what the planner needs to know before it counts on the
+    graph's layout (``remat.optimize(..., token_major_attention=True)``).  An Inductor failure at the first
+    call still sends a trace region by region; the warning then says so."""
+    return all(_why_not_graphable(bsym) is None for bsym in trace.bound_symbols)
+
+
 #: The key under ``node.meta["custom"]`` of the FX nodes a region's call made: the region's number.
 REGION_KEY = "remat_region"
 
@@ -161,16 +170,6 @@ def _materialized(tensor: torch.Tensor, stride: Sequence[int] | None = None) -> 
     import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
 
     return torch.ops.prims.inductor_force_stride_order(tensor, tuple(tensor.stride()) if stride is None else tuple(stride))
-
-
-def token_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Strides of a ``(batch, heads, tokens, head_dim)`` tensor laid out token by token in memory, as
-    ``(batch, tokens, heads, head_dim)``: the layout in which a qkv projection's output already is, so that
-    ``q``, ``k`` and ``v`` are written with unit-stride rows and the attention output, which cuDNN allocates
-    in its query's layout, is a free view of ``(batch, tokens, heads * head_dim)`` for the output
-    projection (forward and backward) instead of a transposing copy."""
-    batch, heads, tokens, head_dim = shape
-    return (tokens * heads * head_dim, head_dim, heads * head_dim, 1)
 
 
 def _dense(tensor: torch.Tensor) -> bool:
@@ -202,17 +201,7 @@ def _laid_out(value: Any, name: str | None, token_major: frozenset[str]) -> Any:
 def _attention_inputs(bsyms: Sequence[BoundSymbol]) -> set[str]:
     """Names of the 4-D query, key and value tensors that remat's attention operators (cuDNN's on a GPU,
     PyTorch's CPU flash attention elsewhere) read, forward and backward, in ``bsyms``."""
-    forward_ids, backward_ids = {cudnn_sdpa_forward.id, sdpa_forward.id}, {cudnn_sdpa_backward.id, sdpa_backward.id}
-    names: set[str] = set()
-    for bsym in bsyms:
-        if bsym.sym.id in forward_ids:
-            operands = bsym.args[:3]
-        elif bsym.sym.id in backward_ids:
-            operands = bsym.args[1:4]
-        else:
-            continue
-        names.update(p.name for p in operands if isinstance(p, TensorProxy) and p.ndim == 4)
-    return names
+    return {p.name for bsym in bsyms for p in attention_operands(bsym)[1] if isinstance(p, TensorProxy) and p.ndim == 4}
 
 
 def _traceable(

@@ -78,7 +78,9 @@ from remat.core.views import (
     region_views,
     view_layout,
 )
+from remat.core.strides import is_contiguous, token_major_strides
 from remat.errors import UnsupportedTraceError
+from remat.thunder.attention import attention_operands
 
 __all__ = [
     "TraceOrigin", "read_trace", "op_kind", "symbol_facts", "tensor_facts", "check_trace", "parameter_names",
@@ -97,6 +99,7 @@ class TraceOrigin:
     unit_bsyms: tuple[BoundSymbol, ...]
     facts: dict[str, tuple[tuple[int, ...], str, int]] = field(default_factory=dict)
     region_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = field(default_factory=dict)
+    token_major_attention: bool = False  # read_trace's argument of that name
 
 
 def op_kind(bsym: BoundSymbol) -> str:
@@ -283,13 +286,20 @@ def _aliasing_members(bsyms: Iterable[BoundSymbol]) -> Iterator[tuple[str, tuple
 _UNIT_KINDS = {RETURN_KIND: "return", COTANGENT_KIND: "cotangent"}
 
 
-def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph | None = None) -> FusionGraph:
+def read_trace(
+    trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph | None = None, token_major_attention: bool | None = None
+) -> FusionGraph:
     """Read a Thunder trace (joint forward+backward, forward-only, or fused) into a :class:`FusionGraph`.
 
     With ``ops=False`` only units and tensors are read (enough for the memory model, and faster).
     ``derived_from``: a graph of the trace this one was rewritten from (remat's own rewrite), whose
     per-name tensor facts and per-region views may be reused: a rewrite gives new values new names and
     keeps unchanged regions as the same bound symbols.
+    ``token_major_attention``: the trace will run with attention's query, key and value laid out token by
+    token where a region writes them (the graph runtime's layout, :func:`remat.core.strides.token_major_strides`):
+    attention's output is then token-major too, so that the ``reshape`` of its transpose for the output
+    projection is a view, not a copy.  None (the default): as ``derived_from`` was read, else False
+    (every region output and attention output contiguous, as nvFuser's and Inductor's regions write them).
 
     Raises ``TypeError`` (not a trace) and :class:`remat.UnsupportedTraceError` (an empty trace, symbolic
     shapes)."""
@@ -355,6 +365,9 @@ def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph |
         phases = [FORWARD] * len(raw)
 
     # ---- phase 3: tensors and operations
+    if token_major_attention is None:
+        origin = derived_from.origin if derived_from is not None else None
+        token_major_attention = bool(getattr(origin, "token_major_attention", False))
     reader = _Reader(derived_from)
     for name, proxy in trace_args.items():
         is_param = isinstance(proxy, TensorProxy) and (
@@ -366,6 +379,8 @@ def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph |
             reader.read_unit_ops(unit_index, bsym, unit_kind, ins, outs, phase)
         else:
             reader.read_unit(unit_index, bsym, kind, unit_kind, ins, outs, phase)
+        if token_major_attention and unit_kind == "op":
+            reader.lay_out_attention_output(bsym)
 
     # ---- phase 4: the graph
     origin = TraceOrigin(
@@ -374,6 +389,7 @@ def read_trace(trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph |
         tuple(r[0] for r in raw),
         reader.facts_cache,
         reader.region_views_by_id,
+        token_major_attention,
     )
     return FusionGraph(
         reader.units,
@@ -449,6 +465,23 @@ class _Reader:
             completes = len(futures) == 1 and futures[0] in self.regather_futures
             return regather_tags(kind, tags, completes_regather=completes), 0
         return tags, 0
+
+    def lay_out_attention_output(self, bsym: BoundSymbol) -> None:
+        """Under ``token_major_attention``: an attention forward whose query a region writes (laid out token
+        by token by the runtime) writes its output in the query's layout (cuDNN and PyTorch's CPU flash
+        attention allocate it so): its strides are recorded for the view rules that read it."""
+        kind, operands = attention_operands(bsym)
+        if kind != "forward" or not operands or not isinstance(operands[0], TensorProxy):
+            return
+        query = self.tensors.get(operands[0].name)
+        if query is None or query.producer_unit is None or self.units[query.producer_unit].kind != "region":
+            return
+        out = bsym.flat_proxy_outs[0] if bsym.flat_proxy_outs else None
+        if isinstance(out, TensorProxy) and len(self.shape_of(out)) == 4:
+            shape = self.shape_of(out)
+            strides = token_major_strides(shape)
+            if not is_contiguous(shape, strides):
+                self.strides[out.name] = strides
 
     def _stand_alone_base(self, bsym: BoundSymbol, kind: str, tags: frozenset[str], ins: Sequence[str]) -> str | None:
         if "view" in tags and ins:
