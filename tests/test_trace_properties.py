@@ -35,9 +35,9 @@ trace_settings = settings(
     # the explain phase reruns a failing example ~100 times: minutes with traces, for little news
     phases=[p for p in Phase if p != Phase.explain],
 )
-# Tests that trace programs of their own (not the shared cases below) take 50 under ci: each example is a
+# Tests that trace programs of their own (not the shared cases below) take 30 under ci: each example is a
 # Thunder trace of its own, and the suite keeps to 5 minutes on 2 cores; nightly takes them all.
-own_trace_settings = settings(trace_settings, max_examples=min(TRACE_EXAMPLES, 50) if CI else TRACE_EXAMPLES)
+own_trace_settings = settings(trace_settings, max_examples=min(TRACE_EXAMPLES, 30) if CI else TRACE_EXAMPLES)
 # Under ci every shared trace test draws the same cases, so the cache below traces each program once.
 shared_examples = seed(20261202) if CI else (lambda test: test)
 PROGRAMS = programs(max_ops=12)
