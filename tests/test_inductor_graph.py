@@ -283,8 +283,16 @@ def test_an_executor_alone_refuses_the_graph_runtime():
 
 
 def test_install_adds_the_graph_transform_to_thunder_jit_while_installed(monkeypatch):
-    """Scripts that call ``thunder.jit`` themselves (Thunder's benchmark_litgpt) get the graphs too."""
+    """Scripts that call ``thunder.jit`` themselves (Thunder's benchmark_litgpt) get the graphs too, planned
+    with the graph's layout of attention (``token_major_attention``)."""
+    import remat.compile as remat_compile
+
     monkeypatch.setattr(GraphCallable, "_build", lambda self, flat: lambda args: self.traced(*args))  # no C++ build
+    planned_with: list = []
+    plan = remat_compile.optimize
+    monkeypatch.setattr(
+        remat_compile, "optimize", lambda *args, **kwargs: planned_with.append(kwargs.get("token_major_attention")) or plan(*args, **kwargs)
+    )
     original = thunder.jit
     block = Block()
     x = torch.randn(4, 16)
@@ -294,6 +302,7 @@ def test_install_adds_the_graph_transform_to_thunder_jit_while_installed(monkeyp
         jitted = thunder.jit(block)
         loss, grads = train_step(jitted, x)
     assert thunder.jit is original
+    assert planned_with == [True]
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
