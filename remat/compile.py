@@ -17,7 +17,7 @@ from remat.core.policies import FusionPolicy, RecomputePolicy, check_policy
 from remat.errors import warn
 from remat.pipeline import optimize
 from remat.planning.flow import DEFAULT_SOLVER, Solver, resolve_solver
-from remat.thunder.graph import InductorGraphTransform, runs_as_graphs
+from remat.thunder.graph import InductorGraphTransform, lays_out_token_major, runs_as_graphs
 from remat.thunder.runtimes import GRAPH_RUNTIME
 from remat.thunder.executor import DefaultsInstalled, RematExecutor, default_executors, install_defaults, jit_with
 
@@ -173,7 +173,7 @@ def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:
     traces that will run as graphs (:func:`remat.thunder.graph.runs_as_graphs`): the reshape of attention's
     output for the output projection is a view there, not a copy."""
     token_major = any(
-        isinstance(t, InductorGraphTransform) and t.token_major_attention and t.materialize_region_outputs
+        isinstance(t, InductorGraphTransform) and lays_out_token_major(t.token_major_attention, t.materialize_region_outputs)
         for t in transforms or ()
     )
     if token_major and ex.optimizer is not None:

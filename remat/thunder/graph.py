@@ -146,6 +146,13 @@ def _why_not_graphable(bsym: BoundSymbol) -> str | None:
     return None
 
 
+def lays_out_token_major(token_major_attention: bool, materialize_region_outputs: bool) -> bool:
+    """Whether the graph lays attention's operands (and so its output) out token by token: only region
+    outputs that are buffers of their own get a layout (:func:`_laid_out`).  :func:`compile_trace_body`
+    applies it; the planner asks it before counting on that layout (``remat.compile``)."""
+    return token_major_attention and materialize_region_outputs
+
+
 def runs_as_graphs(trace: TraceCtx) -> bool:
     """Whether nothing in ``trace`` (a joint trace, as remat plans it) keeps Thunder's forward or backward
     out of one graph (:func:`_why_not_graphable`): what the planner needs to know before it counts on the
@@ -474,7 +481,7 @@ def compile_trace_body(
     flat_inputs = [o for b in drained_unpacks for o in b.flat_proxy_outs] + tensor_inputs
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
-    token_major = frozenset(_attention_inputs(with_dels)) if token_major_attention and materialize_region_outputs else frozenset()
+    token_major = frozenset(_attention_inputs(with_dels)) if lays_out_token_major(token_major_attention, materialize_region_outputs) else frozenset()
     traceable = [_traceable(b, materialize_region_outputs, region, token_major) for region, b in enumerate(with_dels)]
     traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)

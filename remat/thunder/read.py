@@ -471,17 +471,15 @@ class _Reader:
         by token by the runtime) writes its output in the query's layout (cuDNN and PyTorch's CPU flash
         attention allocate it so): its strides are recorded for the view rules that read it."""
         kind, operands = attention_operands(bsym)
-        if kind != "forward" or not operands or not isinstance(operands[0], TensorProxy):
+        if kind != "forward" or not isinstance(operands[0], TensorProxy):
             return
         query = self.tensors.get(operands[0].name)
         if query is None or query.producer_unit is None or self.units[query.producer_unit].kind != "region":
             return
         out = bsym.flat_proxy_outs[0] if bsym.flat_proxy_outs else None
-        if isinstance(out, TensorProxy) and len(self.shape_of(out)) == 4:
-            shape = self.shape_of(out)
-            strides = token_major_strides(shape)
-            if not is_contiguous(shape, strides):
-                self.strides[out.name] = strides
+        shape = self.shape_of(out) if isinstance(out, TensorProxy) else ()
+        if len(shape) == 4 and not is_contiguous(shape, token_major_strides(shape)):
+            self.strides[out.name] = token_major_strides(shape)
 
     def _stand_alone_base(self, bsym: BoundSymbol, kind: str, tags: frozenset[str], ins: Sequence[str]) -> str | None:
         if "view" in tags and ins:
