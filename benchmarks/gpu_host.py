@@ -16,7 +16,10 @@ For each mode (same model and inputs as ``gpu_memory.py``), medians over ``--ste
 
 and from one profiled step (``torch.profiler``): per phase, the GPU busy time (union of kernel
 intervals), the delay from the phase's start to its first kernel, the idle time between its first and
-last kernel, and the largest gaps with the kernel that ended each.
+last kernel, and the largest gaps with the kernel that ended each.  From one more profiled step run as a
+training loop runs it (no synchronization between forward and backward), ``blocking_calls``: the CUDA
+calls that can make the host wait (synchronizations, copies, cudaMalloc/cudaFree), and
+``sync_warnings``: what ``torch.cuda.set_sync_debug_mode("warn")`` reports in such a step.
 
 On the GPU machine:
 
@@ -152,6 +155,69 @@ def phase_timeline(chrome_trace: Path) -> dict:
     return result
 
 
+#: CUDA runtime/driver calls that can make the host wait for the GPU (or for the driver) inside a step.
+BLOCKING_CALLS = ("Synchronize", "Memcpy", "Malloc", "Free", "HostAlloc", "MemGetInfo")
+
+
+def blocking_calls(chrome_trace: Path) -> dict:
+    """From a profiled step run as a training loop runs it (no synchronization between forward and
+    backward; the step's own final synchronize excluded): the CUDA runtime and driver calls that can
+    block the host, by name: count, total host us, and when the first one started (ms from the step's
+    start).  A wait here is GPU idle time that no kernel count shows."""
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
+    step = [e for e in events if e.get("name") == "phase::step" and "dur" in e and e.get("cat") != "gpu_user_annotation"]
+    if not step:
+        return {}
+    start, stop = step[0]["ts"], step[0]["ts"] + step[0]["dur"]
+    calls: dict[str, dict] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver") or "dur" not in e or not start <= e["ts"] <= stop:
+            continue
+        if not any(word in name for word in BLOCKING_CALLS):
+            continue
+        entry = calls.setdefault(name, dict(count=0, host_us=0.0, first_ms=(e["ts"] - start) / 1e3))
+        entry["count"] += 1
+        entry["host_us"] = round(entry["host_us"] + e["dur"], 1)
+    return calls
+
+
+def unsynced_step(fn, params, idx, targets) -> None:
+    """A step as a training loop runs it (forward, then backward at once), inside a ``phase::step`` range."""
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    with torch.profiler.record_function("phase::step"):
+        loss = fn(idx, targets)
+        loss.backward()
+    torch.cuda.synchronize()
+
+
+def sync_warnings(fn, params, idx, targets) -> list[str]:
+    """What ``torch.cuda.set_sync_debug_mode("warn")`` reports during one unsynchronized step: each
+    operation that synchronized the host with the GPU (first line of each distinct warning)."""
+    import warnings
+
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loss = fn(idx, targets)
+            loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    seen: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            key = f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:120]}"
+            seen[key] = seen.get(key, 0) + 1
+    return [f"{count} x {key}" for key, count in seen.items()]
+
+
 def thunder_host(fn) -> dict:
     import thunder
 
@@ -207,6 +273,12 @@ def run(args) -> None:
                 record["profiled_step_ms"] = timed_step(fn, params, idx, targets, marks=True)["step_ms"]
             prof.export_chrome_trace(str(trace_file))
             record["phases"] = phase_timeline(trace_file)
+            unsynced_file = out / f"host_{mode}_unsynced.json"
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                unsynced_step(fn, params, idx, targets)
+            prof.export_chrome_trace(str(unsynced_file))
+            record["blocking_calls"] = blocking_calls(unsynced_file)
+            record["sync_warnings"] = sync_warnings(fn, params, idx, targets)
             del fn
         except Exception:
             import traceback
