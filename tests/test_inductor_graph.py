@@ -250,6 +250,25 @@ def test_a_graph_inductor_cannot_compile_runs_region_by_region(monkeypatch):
         assert graph._call_ctx[graph.sym.name].path == "fallback"
 
 
+@pytest.mark.parametrize("laid_out_attention", [False, True])
+def test_a_fallback_warning_says_when_the_estimate_assumed_the_graphs_attention_layout(monkeypatch, laid_out_attention):
+    """A plan made for the graph's token-major attention counts the reshape of attention's output as a
+    view; run region by region after a failed compilation, it is a copy, and the warning says the peak
+    can be above the estimate."""
+
+    def refuse(self, flat):
+        raise RuntimeError("Inductor cannot lower this graph")
+
+    monkeypatch.setattr(GraphCallable, "_build", refuse)
+    graph = GraphCallable("remat_graph", 0, traced=None, fallback=lambda x: x + 1, laid_out_attention=laid_out_attention)
+    with pytest.warns(UserWarning, match="runs region by region instead") as caught:
+        out = graph(torch.zeros(2))
+    torch.testing.assert_close(out, torch.ones(2))
+    assert graph.path == "fallback"
+    message = str(caught[0].message)
+    assert ("above the estimate by up to one such output per layer" in message) == laid_out_attention
+
+
 def test_a_forward_drawing_random_numbers_stays_region_by_region(monkeypatch):
     """Inductor's random numbers are not eager's: a trace that draws any keeps its regions (and their
     numbers), so a dropout mask recomputed in the backward equals the forward's."""
@@ -450,6 +469,8 @@ def test_attention_reads_token_major_query_key_and_value_and_trains_as_before(mo
         assert token_major or is_contiguous(out.shape, out.stride())
         output, reshaped = _attention_output_reshape(remat.executor_of(jitted).last_result.graph)
         assert (reshaped.alias_of == output) == token_major, reshaped  # the model's
+        (graph_bsym,) = graphs_of(thunder.last_traces(jitted)[-1])
+        assert graph_bsym._call_ctx[graph_bsym.sym.name].laid_out_attention == token_major  # what a fallback would warn of
 
 
 def test_a_trace_drawing_random_numbers_is_planned_as_regions_lay_it_out(monkeypatch):

@@ -348,8 +348,12 @@ class GraphCallable:
         inductor_options: dict[str, Any] | None = None,
         separate_regions: bool = True,
         embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
+        laid_out_attention: bool = False,
     ):
         self.name = name
+        # attention's operands laid out token-major in the graph: a plan made for it (``token_major_attention``)
+        # counts the reshape of attention's output as a view, which region by region is a copy
+        self.laid_out_attention = laid_out_attention
         self.embedding_scratch_limit = embedding_scratch_limit
         self.inductor_options = dict(inductor_options or {})  # over INDUCTOR_OPTIONS
         self.separate_regions = separate_regions  # no horizontal fusion across regions (_separate_regions_choices)
@@ -405,9 +409,16 @@ class GraphCallable:
                     return compiled(flat)  # boxed: Inductor empties ``flat`` and frees inputs after last use
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {exc}"
+                estimate = (
+                    "; remat's estimated peak was made for the graph's layout, where the reshape of each attention "
+                    "output for the output projection is a view: region by region it is a copy, so the measured "
+                    "peak can be above the estimate by up to one such output per layer"
+                    if self.laid_out_attention
+                    else ""
+                )
                 warn(
                     f"Inductor could not compile {self.name} as one graph; it runs region by region instead "
-                    f"({self.failed.splitlines()[0][:200]})",
+                    f"({self.failed.splitlines()[0][:200]}){estimate}",
                     UserWarning,
                 )
         self.path = "fallback"
@@ -486,7 +497,8 @@ def compile_trace_body(
     traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
     callable_ = GraphCallable(
-        name, len(collections), traced, fallback, inductor_options, separate_regions, embedding_scratch_limit
+        name, len(collections), traced, fallback, inductor_options, separate_regions, embedding_scratch_limit,
+        laid_out_attention=bool(token_major),
     )
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
