@@ -32,11 +32,13 @@ slower than an unprofiled one; the medians come from unprofiled steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -182,34 +184,36 @@ def blocking_calls(chrome_trace: Path) -> dict:
     return calls
 
 
-def unsynced_step(fn, params, idx, targets) -> None:
-    """A step as a training loop runs it (forward, then backward at once), inside a ``phase::step`` range."""
+def unsynced_step(fn, params, idx, targets, around=None) -> None:
+    """A step as a training loop runs it (forward, then backward at once), inside ``around`` (a context
+    manager; default: a ``phase::step`` profiler range), synchronized before and after, outside it."""
     for p in params:
         p.grad = None
     torch.cuda.synchronize()
-    with torch.profiler.record_function("phase::step"):
+    with torch.profiler.record_function("phase::step") if around is None else around:
         loss = fn(idx, targets)
         loss.backward()
     torch.cuda.synchronize()
 
 
-def sync_warnings(fn, params, idx, targets) -> list[str]:
-    """What ``torch.cuda.set_sync_debug_mode("warn")`` reports during one unsynchronized step: each
-    operation that synchronized the host with the GPU (first line of each distinct warning)."""
-    import warnings
-
-    for p in params:
-        p.grad = None
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+@contextlib.contextmanager
+def _sync_debug_warnings(caught: list):
+    """``torch.cuda.set_sync_debug_mode("warn")`` while inside; the warnings it raised go to ``caught``."""
+    with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            loss = fn(idx, targets)
-            loss.backward()
+            yield
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+            caught.extend(recorded)
+
+
+def sync_warnings(fn, params, idx, targets) -> list[str]:
+    """What ``torch.cuda.set_sync_debug_mode("warn")`` reports during one unsynchronized step: each
+    operation that synchronized the host with the GPU (first line of each distinct warning)."""
+    caught: list = []
+    unsynced_step(fn, params, idx, targets, around=_sync_debug_warnings(caught))
     seen: dict[str, int] = {}
     for w in caught:
         if "synchroniz" in str(w.message).lower():
