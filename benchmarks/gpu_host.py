@@ -19,7 +19,11 @@ intervals), the delay from the phase's start to its first kernel, the idle time 
 last kernel, and the largest gaps with the kernel that ended each.  From one more profiled step run as a
 training loop runs it (no synchronization between forward and backward), ``blocking_calls``: the CUDA
 calls that can make the host wait (synchronizations, copies, cudaMalloc/cudaFree), and
-``sync_warnings``: what ``torch.cuda.set_sync_debug_mode("warn")`` reports in such a step.
+``sync_warnings``: what ``torch.cuda.set_sync_debug_mode("warn")`` reports in such a step, and ``unsynced``:
+that step's timeline (first kernel's delay, GPU busy and idle, largest gaps).  ``unsynced_events``: medians
+over ``--steps`` unprofiled steps of the same kind, timed with CUDA events (:func:`evented_step`).
+``step_gaps``: eight such steps under a CUDA-only profile, each started by a marker kernel: how long the GPU
+waits for the step's first kernel, then its busy and idle time (:func:`step_gaps`).
 
 On the GPU machine:
 
@@ -184,6 +188,84 @@ def blocking_calls(chrome_trace: Path) -> dict:
     return calls
 
 
+def evented_step(fn, params, idx, targets) -> dict:
+    """A step as a training loop runs it, unprofiled, with CUDA events (ms from the step's start, on the GPU's
+    clock): ``forward_done_ms`` when the forward's last kernel ended, ``step_gpu_ms`` when the backward's did;
+    and on the host's clock ``forward_return_ms`` / ``backward_return_ms`` when each call returned.  Where
+    ``step_gpu_ms`` is above the kernels' busy time plus the first kernel's delay, the GPU waited inside the
+    step (the profiled ``unsynced`` timeline says where)."""
+    for p in params:
+        p.grad = None
+    begin, forward_done, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    begin.record()
+    loss = fn(idx, targets)
+    forward_done.record()
+    t1 = time.perf_counter()
+    loss.backward()
+    end.record()
+    t2 = time.perf_counter()
+    torch.cuda.synchronize()
+    return dict(
+        forward_done_ms=begin.elapsed_time(forward_done),
+        step_gpu_ms=begin.elapsed_time(end),
+        forward_return_ms=1e3 * (t1 - t0),
+        backward_return_ms=1e3 * (t2 - t0),
+    )
+
+
+#: The kernel that starts each step of :func:`marked_steps` (``torch.cuda._sleep``'s): a name no model's
+#: kernels have.
+MARKER_KERNEL = "spin_kernel"
+
+
+def marked_steps(fn, params, idx, targets, steps: int, trace_file: Path) -> None:
+    """``steps`` steps as a training loop runs them, each started (after a synchronize) by a tiny marker
+    kernel, under a CUDA-only profile (no CPU-side tracing, so the host runs about as fast as unprofiled),
+    exported to ``trace_file`` for :func:`step_gaps`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            for p in params:
+                p.grad = None
+            torch.cuda.synchronize()
+            torch.cuda._sleep(100)  # the marker: the GPU is idle, so it runs as soon as the host issues it
+            loss = fn(idx, targets)
+            loss.backward()
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace_file))
+
+
+def step_gaps(chrome_trace: Path) -> dict:
+    """Where a step's GPU time goes, from :func:`marked_steps`'s trace (medians over its steps but the
+    first, ms): ``first_kernel_wait_ms`` from the marker's end to the step's first kernel (the host's work
+    before it: Thunder's cache check and prologue, Dynamo's guards), ``busy_ms`` (kernel time),
+    ``idle_after_first_ms`` (the GPU idle between the first kernel and the last) and ``span_ms`` (marker to
+    last kernel), plus ``kernels`` a step."""
+    events = json.loads(chrome_trace.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    steps: list[list[dict]] = []
+    for k in kernels:
+        if MARKER_KERNEL in k["name"]:
+            steps.append([k])
+        elif steps:
+            steps[-1].append(k)
+    steps = [s for s in steps[1:] if len(s) > 1]  # the first step may still warm caches
+    if not steps:
+        return {}
+    first, busy, idle, span = [], [], [], []
+    for marker, *body in steps:
+        busy_us, gaps = kernel_union([(k["ts"], k["ts"] + k["dur"], k["name"]) for k in body])
+        first.append(body[0]["ts"] - (marker["ts"] + marker["dur"]))
+        busy.append(busy_us)
+        idle.append(sum(g[0] for g in gaps))
+        span.append(max(k["ts"] + k["dur"] for k in body) - marker["ts"])
+    ms = lambda values: round(statistics.median(values) / 1e3, 4)  # noqa: E731
+    return dict(first_kernel_wait_ms=ms(first), busy_ms=ms(busy), idle_after_first_ms=ms(idle), span_ms=ms(span), kernels=len(steps[0]) - 1, steps=len(steps))
+
+
 def unsynced_step(fn, params, idx, targets, around=None) -> None:
     """A step as a training loop runs it (forward, then backward at once), inside ``around`` (a context
     manager; default: a ``phase::step`` profiler range), synchronized before and after, outside it."""
@@ -282,6 +364,13 @@ def run(args) -> None:
                 unsynced_step(fn, params, idx, targets)
             prof.export_chrome_trace(str(unsynced_file))
             record["blocking_calls"] = blocking_calls(unsynced_file)
+            # where the GPU waited in that step (profiled: the host is slower than unprofiled)
+            record["unsynced"] = phase_timeline(unsynced_file).get("step")
+            evented = [evented_step(fn, params, idx, targets) for _ in range(args.steps)]
+            record["unsynced_events"] = {key: statistics.median(e[key] for e in evented) for key in evented[0]}
+            marked_file = out / f"host_{mode}_marked.json"
+            marked_steps(fn, params, idx, targets, 8, marked_file)
+            record["step_gaps"] = step_gaps(marked_file)
             record["sync_warnings"] = sync_warnings(fn, params, idx, targets)
             del fn
         except Exception:

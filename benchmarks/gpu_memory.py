@@ -69,7 +69,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
 #: the same budget with runtime="inductor-graph" (remat's forward and backward each one Inductor graph)
 GRAPH_AT_COMPILE_PEAK = "remat-graph@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-nosplit", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-nosplit", "remat-graph-prune", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -131,6 +131,11 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         return jitted, remat.executor_of(jitted)
     if mode == "remat-graph-nosplit":  # the graph runtime with Thunder's autograd glue in one Function (no meta randn either way)
         jitted = remat.jit(module, runtime="inductor-graph", thunderfx_disable_split_autograd=True)
+        return jitted, remat.executor_of(jitted)
+    if mode == "remat-graph-prune":  # the graph runtime without Thunder's checks of the module's members each call (PrunePrologueChecks)
+        from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+        jitted = remat.jit(module, runtime="inductor-graph", transforms=[PrunePrologueChecks()])
         return jitted, remat.executor_of(jitted)
     if mode.startswith("remat-graph:"):  # the graph runtime under one of gpu_graph_memory.VARIANTS (what each constraint costs in time)
         from gpu_graph_memory import VARIANTS

@@ -103,6 +103,32 @@ def test_host_diagnostic_splits_kernels_by_phase(tmp_path):
     assert backward["kernels"] == 1 and abs(backward["first_kernel_delay_ms"] - 0.030) < 1e-9
 
 
+def test_step_gaps_split_a_marked_step_into_wait_busy_and_idle(tmp_path):
+    """Each step starts with the marker kernel; the first marked step is left out (warm-up)."""
+    gpu_host = load_benchmark("gpu_host")
+    kernel = lambda ts, dur, name: dict(cat="kernel", ts=ts, dur=dur, name=name)  # noqa: E731
+    marker = gpu_host.MARKER_KERNEL
+    events = [kernel(0.0, 1.0, "before any marker"), kernel(10.0, 1.0, marker), kernel(500.0, 50.0, "slow first step")]
+    for start, wait in ((1000.0, 300.0), (2000.0, 100.0), (3000.0, 200.0)):
+        first = start + 1.0 + wait
+        events += [
+            kernel(start, 1.0, marker),
+            kernel(first, 40.0, "a"),
+            kernel(first + 30.0, 20.0, "b"),  # overlaps a: busy counts the union (50 us)
+            kernel(first + 60.0, 10.0, "c"),  # 10 us after b
+        ]
+    trace = tmp_path / "marked.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    gaps = gpu_host.step_gaps(trace)
+    assert gaps["steps"] == 3 and gaps["kernels"] == 3
+    assert abs(gaps["first_kernel_wait_ms"] - 0.2) < 1e-9  # median of 300, 100, 200 us
+    assert abs(gaps["busy_ms"] - 0.06) < 1e-9 and abs(gaps["idle_after_first_ms"] - 0.01) < 1e-9
+    assert abs(gaps["span_ms"] - (201.0 + 70.0) / 1e3) < 1e-9
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"traceEvents": [kernel(0.0, 1.0, "a")]}))
+    assert gpu_host.step_gaps(empty) == {}
+
+
 def test_the_profile_sums_kernel_time_by_kind_for_forward_and_backward(tmp_path):
     gpu_profile = load_benchmark("gpu_profile")
     kernel = lambda ts, dur, name: dict(cat="kernel", ts=ts, dur=dur, name=name)  # noqa: E731

@@ -132,3 +132,36 @@ def test_install_makes_remat_thunders_default_and_undoes_it():
     installed.uninstall()
     installed.uninstall()
     assert thunder.get_default_executors() == before
+
+
+def test_thunders_prologue_pruning_composes_with_remat():
+    """The recipe of docs/api.md ("Host time before the first kernel"): Thunder's ``PrunePrologueChecks``
+    next to remat's plan.  The step trains like eager, remat still plans it, and the prologue no longer
+    checks the module's tensors or attributes, so a change to them (here ``eval()``) is not seen: the
+    trade the recipe states."""
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+    from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+    model = tiny_litgpt()
+    idx = torch.randint(0, 128, (1, 8))
+    expected_loss, expected_grads = train_step(model, idx)
+    jitted = remat.jit(model, runtime="torch", transforms=[PrunePrologueChecks()])
+    loss, grads = train_step(jitted, idx)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert remat.executor_of(jitted).last_result is not None  # remat planned the step
+    prologue = thunder.last_prologue_traces(jitted)[-1]
+    checked = [b.args[0].name for b in prologue.bound_symbols if b.sym.name == "check_tensor_metadata"]
+    assert checked == ["idx"]  # the input only, none of the module's parameters or buffers
+    numbers = [b.args[0].name for b in prologue.bound_symbols if b.sym.name == "check_number_type_and_value"]
+    assert numbers and all(name.startswith("cache_info") for name in numbers)  # autocast, grad mode: not the module's
+    plain = remat.jit(model, runtime="torch")
+    train_step(plain, idx)
+    model.eval()  # the same grad mode as before: only the module changed
+    jitted(idx)
+    plain(idx)
+    model.train()
+    assert thunder.cache_misses(jitted) == 1  # eval() went unseen
+    assert thunder.cache_misses(plain) == 2  # Thunder's own prologue saw it and traced again
