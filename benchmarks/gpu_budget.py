@@ -26,7 +26,9 @@ On the GPU machine (one command; about 6 minutes for the default model):
 ``--runtime auto inductor`` measures each remat row twice in the same process, its regions run by nvFuser
 and by Inductor (``remat.jit(..., runtime=...)``); the table, the checks and the plot show
 ``remat (inductor)`` as a system of its own.  ``inductor-graph`` (remat's whole forward and backward each
-one Inductor graph) is a third; its records say how each graph ran (``graph_paths``).
+one Inductor graph) is a third; its records say how each graph ran (``graph_paths``).  Any runtime with
+the suffix ``+prune`` (``inductor-graph+prune``) runs with Thunder's ``PrunePrologueChecks`` as well
+(docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again.
 
 Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured.  Back here,
 ``python benchmarks/gpu_budget.py --render FILE.jsonl [--write]`` prints the table and the checks of
@@ -86,6 +88,11 @@ def modes(
     return order
 
 
+#: A ``--runtime`` suffix: that runtime with Thunder's ``PrunePrologueChecks`` (no checks of the module's
+#: members each call), e.g. ``inductor-graph+prune``: a remat system of its own in the tables.
+PRUNED = "+prune"
+
+
 def make(system: str, budget, module, runtime: str = "auto"):
     import torch
 
@@ -101,7 +108,12 @@ def make(system: str, budget, module, runtime: str = "auto"):
         from remat.thunder import nvfuser
 
         nvfuser.clear_shared_definitions()  # each row's first call compiles its own kernels
-        jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget, runtime=runtime)
+        options = {}
+        if runtime.endswith(PRUNED):  # docs/api.md, "Recipe: less host time before the first kernel"
+            from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+            runtime, options = runtime[: -len(PRUNED)], {"transforms": [PrunePrologueChecks()]}
+        jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget, runtime=runtime, **options)
         return jitted, remat.executor_of(jitted)
     if system == "torch.compile":
         torch._dynamo.reset()
@@ -156,7 +168,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
         record["step_tflop"] = result.step_flops / 1e12
         record["chosen"] = result.chosen
         record["notes"] = result.notes
-        if runtime == "inductor-graph":
+        if runtime.removesuffix(PRUNED) == "inductor-graph":
             record["graph_paths"] = graph_paths(fn)
     del fn
     return record, grads
@@ -419,7 +431,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
-                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph; several: each remat row once per runtime")
+                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffix +prune "
+                        "(Thunder's PrunePrologueChecks); several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)

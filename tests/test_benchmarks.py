@@ -272,3 +272,24 @@ def test_the_snapshot_replay_finds_the_peak_and_what_is_alive_then():
     assert result["peak_event"]["index"] == 5 and result["peak_event"]["of"] == 7
     assert [b["mib"] for b in result["live_at_peak"]] == [4.0, 3.0, 1.0]
     assert result["live_by_site"] == {"/tmp/torchinductor_root/ab/cab.py:10 call": 4.0, "/tmp/torchinductor_root/ab/cab.py:30 call": 4.0}
+
+
+def test_the_budget_benchmark_runs_a_pruned_runtime_as_remat_with_thunders_prologue_pruning():
+    """``--runtime <runtime>+prune``: remat with that runtime and Thunder's ``PrunePrologueChecks``; the
+    tables keep it apart from the same runtime unpruned."""
+    import torch
+
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+
+    from conftest import tiny_litgpt
+
+    gpu_budget = load_gpu_budget()
+    model = tiny_litgpt()
+    jitted, executor = gpu_budget.make("remat", 1.0, model, runtime="torch" + gpu_budget.PRUNED)
+    jitted(torch.randint(0, 128, (1, 8))).sum().backward()
+    assert executor.last_result is not None
+    prologue = thunder.last_prologue_traces(jitted)[-1]
+    assert [b.args[0].name for b in prologue.bound_symbols if b.sym.name == "check_tensor_metadata"] == ["idx"]
+    record = dict(system="remat", runtime="inductor-graph" + gpu_budget.PRUNED)
+    assert gpu_budget.variant(record) == "remat (inductor-graph+prune)" != gpu_budget.variant(dict(record, runtime="inductor-graph"))
