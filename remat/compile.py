@@ -97,8 +97,8 @@ def install(
     with remat.  Scoped: ``with remat.install(): ...`` puts Thunder's defaults back at the end, or call
     ``.uninstall()`` on the returned object.  Functions jitted while installed keep remat.
     ``runtime="inductor-graph"``: ``"inductor"`` regions, and remat's graph transform added to every
-    ``thunder.jit`` call while installed (:class:`~remat.thunder.executor.DefaultsInstalled`; ThunderFX
-    needs it passed itself: ``ThunderCompiler(..., transforms=[InductorGraphTransform()])``)."""
+    ``thunder.jit`` call while installed (:class:`~remat.thunder.executor.DefaultsInstalled`), ThunderFX's
+    included: its backend looks ``thunder.jit`` up when it compiles a graph."""
     transforms = []
     if runtime == GRAPH_RUNTIME:
         runtime = "inductor"

@@ -178,3 +178,30 @@ def test_install_makes_thunderfx_use_remat_without_executors():
     # compiled while installed, it keeps remat: a second step runs the same Thunder function
     assert_step_matches_eager(model, compiled, idx)
     assert len(plans) == 1 and len(thunder_functions(backend)) == 1
+
+
+def test_install_with_the_graph_runtime_reaches_thunderfx(monkeypatch):
+    """``remat.install(runtime="inductor-graph")`` adds remat's graph transform to ``thunder.jit`` while
+    installed, and ThunderFX's backend looks ``thunder.jit`` up when it compiles a graph: its forward and
+    backward each run as one graph (Inductor's compilation replaced by running the FX graph, as in
+    tests/test_inductor_graph.py: no C++ build), and the step matches eager."""
+    import torch._inductor.compile_fx as compile_fx
+
+    handed: list = []
+
+    def record(graph, example_inputs, **kwargs):
+        handed.append(graph)
+        return lambda args: graph(*args)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    model = tiny_litgpt()
+    idx = torch.randint(0, 128, (1, 8))
+    with remat.install(runtime="inductor-graph"):
+        backend = ThunderCompiler()
+        compiled = torch.compile(model, backend=backend)
+        assert_step_matches_eager(model, compiled, idx)
+    (fn,) = thunder_functions(backend)
+    forward, backward = thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1]
+    graphs = [b for trace in (forward, backward) for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
+    assert len(graphs) == 2 and len(handed) == 2
+    assert all(b._call_ctx[b.sym.name].path == "inductor" for b in graphs)

@@ -217,8 +217,8 @@ class DefaultsInstalled:
     """Thunder's default executors replaced by ``executors`` until :meth:`uninstall` (or the end of a
     ``with`` block): ``thunder.jit(fn)`` and ThunderFX without ``executors=`` then compile with them.
     ``transforms``: Thunder has no default transforms, so these are added to every call of ``thunder.jit``
-    (the module attribute, which is what ``thunder.jit(...)`` in a script looks up) while installed; code
-    that imported ``jit`` by name, e.g. ThunderFX's splitter, does not see them.
+    (the module attribute, which is what ``thunder.jit(...)`` in a script looks up, and ThunderFX's backend
+    each time it compiles a graph) while installed; code that imported ``jit`` by name earlier does not see them.
     Undoing puts back exactly what was replaced; undoing twice does nothing."""
 
     def __init__(self, executors: Sequence[Any], transforms: Sequence[Any] = ()) -> None:

@@ -48,8 +48,9 @@ def resolve_runtime(runtime: str) -> str:
     if runtime == GRAPH_RUNTIME:
         raise ValueError(
             f"runtime={GRAPH_RUNTIME!r} compiles whole traces, which an executor alone cannot do: use "
-            f"remat.jit(fn, runtime={GRAPH_RUNTIME!r}), or thunder.jit(fn, executors=remat.executors(runtime='inductor'), "
-            "transforms=[remat.thunder.graph.InductorGraphTransform()])"
+            f"remat.jit(fn, runtime={GRAPH_RUNTIME!r}); thunder.jit(fn, executors=remat.executors(runtime='inductor'), "
+            "transforms=[remat.thunder.graph.InductorGraphTransform()]) (ThunderCompiler takes the same two arguments); "
+            f"or, for a trainer you do not own (ThunderFX included), remat.install(runtime={GRAPH_RUNTIME!r})"
         )
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
