@@ -205,3 +205,6 @@ def test_install_with_the_graph_runtime_reaches_thunderfx(monkeypatch):
     graphs = [b for trace in (forward, backward) for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
     assert len(graphs) == 2 and len(handed) == 2
     assert all(b._call_ctx[b.sym.name].path == "inductor" for b in graphs)
+    # and Thunder leaves the module's checks to Dynamo's guards under torch.compile (docs/api.md's recipe)
+    prologue = thunder.last_prologue_traces(fn)[-1]
+    assert not [b for b in prologue.bound_symbols if b.sym.name == "check_tensor_metadata"]
