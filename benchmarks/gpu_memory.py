@@ -69,7 +69,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
 #: the same budget with runtime="inductor-graph" (remat's forward and backward each one Inductor graph)
 GRAPH_AT_COMPILE_PEAK = "remat-graph@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-nosplit", "remat-graph-prune", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-nosplit", "remat-graph-prune", "remat-graph-thunderfx", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -137,6 +137,8 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
 
         jitted = remat.jit(module, runtime="inductor-graph", transforms=[PrunePrologueChecks()])
         return jitted, remat.executor_of(jitted)
+    if mode == "remat-graph-thunderfx":  # ThunderFX, remat installed: Dynamo's guards instead of Thunder's checks of the module
+        return _thunderfx_installed(module)
     if mode.startswith("remat-graph:"):  # the graph runtime under one of gpu_graph_memory.VARIANTS (what each constraint costs in time)
         from gpu_graph_memory import VARIANTS
 
@@ -165,6 +167,35 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         jitted = remat.jit(module, fusion=fusion)
         return jitted, remat.executor_of(jitted)
     raise ValueError(mode)
+
+
+class _FirstCallExecutor:
+    """The remat executor of the install a ThunderFX mode compiled under (known after its first call)."""
+
+    def __init__(self):
+        self.executor = None
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name) if self.executor is not None else None
+
+
+def _thunderfx_installed(module: torch.nn.Module):
+    """``torch.compile(module, backend=ThunderCompiler())`` whose first call (where Dynamo hands Thunder its
+    graph, forward and backward compiled) runs inside ``remat.install(runtime="inductor-graph")``, as a
+    trainer you do not own would run under it; later calls keep remat (docs/api.md, ``remat.install``)."""
+    from thunder.dynamo import ThunderCompiler
+
+    compiled = torch.compile(module, backend=ThunderCompiler())
+    executor = _FirstCallExecutor()
+
+    def fn(*args):
+        if executor.executor is not None:
+            return compiled(*args)
+        with remat.install(runtime="inductor-graph") as installed:
+            executor.executor = installed.executors[-1]
+            return compiled(*args)
+
+    return fn, executor
 
 
 def step(fn, params, idx, targets, phase_sync: bool = True):

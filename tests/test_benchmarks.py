@@ -293,3 +293,41 @@ def test_the_budget_benchmark_runs_a_pruned_runtime_as_remat_with_thunders_prolo
     assert [b.args[0].name for b in prologue.bound_symbols if b.sym.name == "check_tensor_metadata"] == ["idx"]
     record = dict(system="remat", runtime="inductor-graph" + gpu_budget.PRUNED)
     assert gpu_budget.variant(record) == "remat (inductor-graph+prune)" != gpu_budget.variant(dict(record, runtime="inductor-graph"))
+
+
+def test_the_thunderfx_mode_compiles_forward_and_backward_as_remat_graphs_inside_the_install(monkeypatch):
+    """``gpu_memory.py --modes remat-graph-thunderfx``: the first call (ThunderFX's compilation) runs inside
+    ``remat.install(runtime="inductor-graph")``, so the forward and the backward each run as one of remat's
+    graphs, planned by remat (Inductor's compilation replaced by running the FX graph: no C++ build); the
+    install is gone afterwards and later calls keep remat."""
+    import torch
+
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+    import torch._inductor.compile_fx as compile_fx
+
+    from conftest import tiny_litgpt
+
+    handed: list = []
+
+    def record(graph, example_inputs, **kwargs):
+        handed.append(graph)
+        return lambda args: graph(*args)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    gpu_memory = load_benchmark("gpu_memory")
+    torch._dynamo.reset()
+    before = thunder.get_default_executors()
+    module = gpu_memory.WithLoss(tiny_litgpt())
+    idx, targets = torch.randint(0, 128, (1, 8)), torch.randint(0, 128, (1, 8))
+    fn, executor = gpu_memory.make("remat-graph-thunderfx", module)
+    assert executor.last_result is None  # nothing compiled yet
+    for _ in range(2):
+        for p in module.parameters():
+            p.grad = None
+        fn(idx, targets).backward()
+        assert thunder.get_default_executors() == before  # installed only during the first call
+    assert executor.last_result is not None and executor.last_result.plan is not None
+    assert len(handed) == 2  # remat's forward graph and backward graph, compiled once
+    assert all(p.grad is not None for p in module.parameters())
+    torch._dynamo.reset()
