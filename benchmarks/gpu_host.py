@@ -228,14 +228,15 @@ def marked_steps(fn, params, idx, targets, steps: int, trace_file: Path) -> None
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            for p in params:
-                p.grad = None
-            torch.cuda.synchronize()
-            torch.cuda._sleep(100)  # the marker: the GPU is idle, so it runs as soon as the host issues it
-            loss = fn(idx, targets)
-            loss.backward()
-            torch.cuda.synchronize()
+            unsynced_step(fn, params, idx, targets, around=_marker())
     prof.export_chrome_trace(str(trace_file))
+
+
+@contextlib.contextmanager
+def _marker():
+    """Issues the marker kernel on entry: after the step's synchronize, so the GPU runs it at once."""
+    torch.cuda._sleep(100)
+    yield
 
 
 def step_gaps(chrome_trace: Path) -> dict:

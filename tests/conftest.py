@@ -58,6 +58,22 @@ def train_step(model, idx):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
+def recorded_graphs(monkeypatch, compile=lambda: False) -> list:
+    """The FX graphs remat's graph runtime hands to Inductor, in order.  Inductor compiles each while
+    ``compile()`` is true; otherwise the graph runs eagerly (the same values, no C++ build)."""
+    import torch._inductor.compile_fx as compile_fx
+
+    graphs: list = []
+    compile_inner = compile_fx.compile_fx_inner
+
+    def record(graph, example_inputs, **kwargs):
+        graphs.append(graph)
+        return compile_inner(graph, example_inputs, **kwargs) if compile() else (lambda args: graph(*args))
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    return graphs
+
+
 def _gpu_missing() -> str | None:
     """Why the ``gpu`` tests cannot run here (no CUDA device, or no nvFuser), or None."""
     if not torch.cuda.is_available():

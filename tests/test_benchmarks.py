@@ -304,17 +304,10 @@ def test_the_thunderfx_mode_compiles_forward_and_backward_as_remat_graphs_inside
 
     import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
     import thunder
-    import torch._inductor.compile_fx as compile_fx
 
-    from conftest import tiny_litgpt
+    from conftest import recorded_graphs, tiny_litgpt
 
-    handed: list = []
-
-    def record(graph, example_inputs, **kwargs):
-        handed.append(graph)
-        return lambda args: graph(*args)
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    handed = recorded_graphs(monkeypatch)
     gpu_memory = load_benchmark("gpu_memory")
     torch._dynamo.reset()
     before = thunder.get_default_executors()

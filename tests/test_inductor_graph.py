@@ -12,7 +12,7 @@ import torch
 import remat
 import remat.thunder  # noqa: F401  (its compat bridge first: then Thunder imports on torch 2.13)
 import thunder
-from conftest import train_step
+from conftest import recorded_graphs, train_step
 from remat.thunder.graph import REGION_KEY, GraphCallable, _annotate, _materialized, _regions_of
 from remat.thunder.inductor import InductorRegionCallable
 from test_inductor import Block
@@ -20,22 +20,6 @@ from test_inductor import Block
 
 def graphs_of(trace) -> list:
     return [b for b in trace.bound_symbols if b.sym.name.startswith("remat_graph")]
-
-
-def recorded_graphs(monkeypatch, compile=lambda: False) -> list:
-    """The FX graphs the graph runtime hands to Inductor, in order.  Inductor compiles each while
-    ``compile()`` is true; otherwise the graph runs eagerly (the same values, no C++ build)."""
-    import torch._inductor.compile_fx as compile_fx
-
-    graphs: list = []
-    compile_inner = compile_fx.compile_fx_inner
-
-    def record(graph, example_inputs, **kwargs):
-        graphs.append(graph)
-        return compile_inner(graph, example_inputs, **kwargs) if compile() else (lambda args: graph(*args))
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
-    return graphs
 
 
 def no_region_compilation(monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import remat
-from conftest import tiny_litgpt, train_step
+from conftest import recorded_graphs, tiny_litgpt, train_step
 from remat.thunder.executor import RematExecutor  # imports Thunder through the compat bridge
 
 # after remat.thunder: on torch 2.13 Thunder imports only once the bridge is applied
@@ -185,15 +185,7 @@ def test_install_with_the_graph_runtime_reaches_thunderfx(monkeypatch):
     installed, and ThunderFX's backend looks ``thunder.jit`` up when it compiles a graph: its forward and
     backward each run as one graph (Inductor's compilation replaced by running the FX graph, as in
     tests/test_inductor_graph.py: no C++ build), and the step matches eager."""
-    import torch._inductor.compile_fx as compile_fx
-
-    handed: list = []
-
-    def record(graph, example_inputs, **kwargs):
-        handed.append(graph)
-        return lambda args: graph(*args)
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    handed = recorded_graphs(monkeypatch)
     model = tiny_litgpt()
     idx = torch.randint(0, 128, (1, 8))
     with remat.install(runtime="inductor-graph"):
