@@ -40,6 +40,7 @@ torch.compile point dominated by some remat point) and draws peak against step t
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import statistics
@@ -116,12 +117,25 @@ def make(system: str, budget, module, runtime: str = "auto"):
         jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget, runtime=runtime, **options)
         return jitted, remat.executor_of(jitted)
     if system == "torch.compile":
-        torch._dynamo.reset()
-        return torch.compile(module), None
+        # Inductor as torch.compile's default backend, with the budget in force while AOTAutograd partitions
+        # (on the first call); a backend of its own per budget keeps each budget's compiled graph in Dynamo's
+        # cache beside the others (its entries are per backend), so --rounds can call every row again
+        return torch.compile(module, backend=functools.partial(inductor_at_budget, float(budget))), None
     raise ValueError(system)
 
 
-def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads, runtime: str = "auto") -> tuple[dict, list]:
+def inductor_at_budget(budget: float, graph_module, example_inputs):
+    """torch.compile's default backend (Inductor) with ``activation_memory_budget = budget`` while it
+    partitions the joint graph: the forward's compilation, where AOTAutograd partitions forward and backward."""
+    import torch._functorch.config
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        return compile_fx(graph_module, example_inputs)
+
+
+def measure(system: str, budget, module, params, idx, targets, steps: int, eager_grads, runtime: str = "auto") -> tuple[dict, list, object]:
+    """One mode's record, its gradients, and the compiled function (kept for --rounds)."""
     import torch
     from gpu_memory import grads_of, graph_paths, relative, step
 
@@ -140,10 +154,6 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
             # lets identical layers' regions share kernels, as they do by default; later inductor rows of a
             # run also find earlier rows' kernels there, so their first call is not a cold compile
             with torch._inductor.config.patch(fx_graph_cache=True):
-                step(fn, params, idx, targets)
-        elif system == "torch.compile":
-            # the budget is read when the graph is partitioned, i.e. on the first call
-            with torch._functorch.config.patch(activation_memory_budget=float(budget)):
                 step(fn, params, idx, targets)
         else:
             step(fn, params, idx, targets)
@@ -170,8 +180,40 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
         record["notes"] = result.notes
         if runtime.removesuffix(PRUNED) == "inductor-graph":
             record["graph_paths"] = graph_paths(fn)
-    del fn
-    return record, grads
+    return record, grads, fn
+
+
+def compilations(fn) -> int:
+    """How often ``fn`` has compiled so far: Thunder's cache misses for Thunder functions, Dynamo's
+    unique graphs (all of them) otherwise; a round that raises it did not time what was measured first."""
+    import thunder
+    from torch._dynamo.utils import counters
+
+    try:
+        return thunder.cache_misses(fn)
+    except Exception:  # not a Thunder function: eager (never compiles) or torch.compile
+        return counters["stats"]["unique_graphs"]
+
+
+def time_round(fn, params, idx, targets, steps: int) -> float:
+    """One more round of a compiled mode: a warm-up step, then the median of ``steps`` steps, in ms."""
+    from gpu_memory import step
+
+    for p in params:
+        p.grad = None
+    gc.collect()
+    step(fn, params, idx, targets)  # warm-up
+    return 1e3 * statistics.median(step(fn, params, idx, targets)[1] for _ in range(steps))
+
+
+def add_rounds(records: list[dict], timings: list[list[float]], recompiled: list[bool]) -> None:
+    """Fold the rounds into each record: ``step_ms_rounds`` (round 1 is the first measurement), ``step_ms``
+    their median, ``step_ms_first_round`` what the single-round form reports, ``recompiled_in_rounds``."""
+    for record, times, again in zip(records, timings, recompiled):
+        record["step_ms_first_round"] = record["step_ms"]
+        record["step_ms_rounds"] = [record["step_ms"], *times]
+        record["step_ms"] = statistics.median(record["step_ms_rounds"])
+        record["recompiled_in_rounds"] = again
 
 
 def run(args) -> None:
@@ -191,6 +233,17 @@ def run(args) -> None:
     eager_grads = None
     started = time.perf_counter()
     compile_peaks: dict[str, float] = {}  # fraction (as text) -> torch.compile's measured peak, MiB
+    kept: list[tuple[dict, object]] = []  # --rounds: each measured mode's record and compiled function
+    if args.rounds > 1:  # one Dynamo cache entry per torch.compile budget (each its own backend)
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+
+    def emit(record: dict) -> None:
+        print(json.dumps(record), flush=True)
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
     for system, budget in modes(tuple(args.fractions), tuple(args.extra_compile_fractions), tuple(args.at_compile_peaks)):
         if args.only and f"{system}:{budget}" not in args.only and system not in args.only:
             continue
@@ -213,18 +266,33 @@ def run(args) -> None:
         for runtime in args.runtime if system == "remat" else [None]:
             record = base if runtime is None else dict(base, runtime=runtime)
             try:
-                measured, grads = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, runtime or "auto")
+                measured, grads, fn = measure(system, budget, module, params, idx, targets, args.steps, eager_grads, runtime or "auto")
                 record.update(measured)
                 if system == "eager":
                     eager_grads = grads
                 if system == "torch.compile":
                     compile_peaks[str(budget)] = measured["peak_mib"]
+                if args.rounds > 1:
+                    kept.append((record, fn))
+                del fn
             except Exception as exc:  # one broken mode must not lose the others
                 record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-            torch._dynamo.reset()
-            print(json.dumps(record), flush=True)
-            with log.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            if args.rounds == 1:  # with rounds, Dynamo's cache keeps each torch.compile budget's graph
+                torch._dynamo.reset()
+            emit(record)
+    if kept:
+        # the drift of the GPU over a sweep (clocks, temperature) is as large as the differences measured:
+        # every mode again, interleaved, the order reversed every other round
+        timings: list[list[float]] = [[] for _ in kept]
+        before = [compilations(fn) for _, fn in kept]
+        for round_index in range(1, args.rounds):
+            order = list(range(len(kept)))[:: -1 if round_index % 2 else 1]
+            for i in order:
+                timings[i].append(time_round(kept[i][1], params, idx, targets, args.steps))
+        recompiled = [compilations(fn) != b for (_, fn), b in zip(kept, before)]
+        add_rounds([r for r, _ in kept], timings, recompiled)
+        for record, _ in kept:
+            emit(record)  # the same mode again, with its rounds: latest_group keeps this line
 
 
 # ------------------------------------------------------------------------------------------------ render
@@ -302,8 +370,10 @@ def checks(records: list[dict]) -> list[str]:
     for c in compiled:
         winners = [r for r in remat_points if r["peak_mib"] <= c["peak_mib"] and r["step_ms"] <= c["step_ms"]]
         (beaten if winners else unbeaten).append((c, winners))
+    rounds = [line for c in compiled if (line := _rounds_line(c, remat_points))]
     lines.append(
-        f"- torch.compile points dominated by a remat point (peak <= and step time <=): **{len(beaten)}/{len(compiled)}**"
+        "- torch.compile points dominated by a remat point (peak <= and step time <="
+        + (", step times the medians of the rounds" if rounds else "") + f"): **{len(beaten)}/{len(compiled)}**"
         + (
             ". Not dominated: " + "; ".join(
                 f"budget {_label(c)} ({c['peak_mib']:.0f} MiB, {c['step_ms']:.1f} ms; remat's nearest in step time "
@@ -311,10 +381,24 @@ def checks(records: list[dict]) -> list[str]:
             if unbeaten else "."
         )
     )
+    if rounds:
+        lines.append("- round by round (each round times every mode once, in one process): " + "; ".join(rounds) + ".")
     errors = [r.get("grad_rel_error") for r in records if r.get("grad_rel_error") is not None and r["system"] != "eager"]
     if errors:
         lines.append(f"- gradients against eager (bf16, relative norm error): at most {max(errors):.1e} over every mode.")
     return lines
+
+
+def _rounds_line(target: dict, points: list[dict]) -> str | None:
+    """In how many of the rounds (``--rounds``) some remat point at or below ``target``'s peak was at least
+    as fast as ``target`` in that same round; None without rounds."""
+    times = target.get("step_ms_rounds")
+    if not times:
+        return None
+    below = [r for r in points if r["peak_mib"] <= target["peak_mib"] and r.get("run") == target.get("run")
+             and len(r.get("step_ms_rounds", ())) == len(times)]
+    held = sum(any(r["step_ms_rounds"][k] <= t for r in below) for k, t in enumerate(times))
+    return f"torch.compile {_label(target)} dominated in {held} of {len(times)}"
 
 
 def _nearest(target: dict, points: list[dict]) -> str:
@@ -344,7 +428,7 @@ def render(records: list[dict], image: str | None) -> str:
     default = next((r for r in records if variant(r) == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
     lines = [
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
-        f"{first['device']}; " + _runs(records) + " remat's budget is a fraction of its default plan's "
+        f"{first['device']}; " + _runs(records) + _rounds_note(records) + " remat's budget is a fraction of its default plan's "
         "estimated peak; torch.compile's is `activation_memory_budget` (a fraction of the saved bytes of its default "
         "partition). Peak = max allocated during the step minus allocated at its start (the weights); held = the "
         "allocator's reserved peak during a step minus what it reserved before the mode (its caching included; '-': "
@@ -386,6 +470,16 @@ def render(records: list[dict], image: str | None) -> str:
     if image:
         lines += ["", f"![peak against step time]({image})"]
     return "\n".join(lines)
+
+
+def _rounds_note(records: list[dict]) -> str:
+    counts = sorted({len(r["step_ms_rounds"]) for r in records if r.get("step_ms_rounds")})
+    if not counts:
+        return ""
+    again = [f"{variant(r)} {_label(r)}" for r in records if r.get("recompiled_in_rounds")]
+    return (f" Step ms: the median of {'/'.join(map(str, counts))} rounds (each the median of its steps; after every mode "
+            "was compiled and measured once, every mode timed again, interleaved, in alternating order)"
+            + (f"; something recompiled during the rounds of: {', '.join(again)}" if again else "; nothing recompiled during them") + ".")
 
 
 def _runs(records: list[dict]) -> str:
@@ -437,6 +531,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="after the sweep, time every mode again this many times in all (interleaved, in alternating order); "
+                        "step_ms becomes the median of the rounds and the domination check counts the rounds it holds in")
     parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
     parser.add_argument("--extra-compile-fractions", type=float, nargs="*", default=list(EXTRA_COMPILE_FRACTIONS))
     parser.add_argument("--at-compile-peaks", type=float, nargs="*", default=list(AT_COMPILE_PEAKS),

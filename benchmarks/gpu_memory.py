@@ -185,7 +185,8 @@ def _thunderfx_installed(module: torch.nn.Module):
     trainer you do not own would run under it; later calls keep remat (docs/api.md, ``remat.install``)."""
     from thunder.dynamo import ThunderCompiler
 
-    compiled = torch.compile(module, backend=ThunderCompiler())
+    backend = ThunderCompiler()
+    compiled = torch.compile(module, backend=backend)
     executor = _FirstCallExecutor()
 
     def fn(*args):
@@ -195,6 +196,8 @@ def _thunderfx_installed(module: torch.nn.Module):
             executor.executor = installed.executors[-1]
             return compiled(*args)
 
+    # what graph_paths reads: the Thunder functions ThunderFX compiled (one per graph Dynamo handed it)
+    fn.thunder_fns = lambda: [f for info in backend.subgraph_infos for f in info.thunder_compiled_fns or ()]
     return fn, executor
 
 
@@ -387,12 +390,14 @@ def render(path: str) -> str:
 
 def graph_paths(fn) -> list[str]:
     """How each whole-trace Inductor graph of ``remat.jit(runtime="inductor-graph")`` ran ("inductor" or
-    "fallback"), forward first; empty for other runtimes."""
+    "fallback"), forward first; empty for other runtimes.  ``fn`` is a Thunder function, or the ThunderFX
+    wrapper of :func:`_thunderfx_installed` (each Thunder function it compiled, in turn)."""
     import thunder
 
     return [
         b._call_ctx[b.sym.name].path
-        for t in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1])
+        for thunder_fn in (fn.thunder_fns() if hasattr(fn, "thunder_fns") else [fn])
+        for t in (thunder.last_traces(thunder_fn)[-1], thunder.last_backward_traces(thunder_fn)[-1])
         for b in t.bound_symbols
         if b.sym.name.startswith("remat_graph")
     ]

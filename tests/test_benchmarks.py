@@ -204,6 +204,43 @@ def test_the_budget_table_keeps_each_runtime_of_remat_a_system_of_its_own():
     assert "| **remat (inductor)** | 1.0 | 61 | - | 1.017 | 9.5 | 0.950 |" in table  # x remat default: nvFuser's 1.0 row
 
 
+def test_budget_rounds_call_each_torch_compile_budget_again_without_recompiling(monkeypatch):
+    """``gpu_budget.py --rounds``: torch.compile's rows stay compiled side by side (a backend per budget, the
+    budget in force while AOTAutograd partitions), and the check counts the rounds a point is dominated in."""
+    import torch
+    import torch._functorch.config
+    import torch._inductor.compile_fx
+
+    gpu_budget = load_gpu_budget()
+    partitioned_at = []
+
+    def fake_compile_fx(graph_module, example_inputs):  # Inductor's place: read the budget, run the graph
+        partitioned_at.append(torch._functorch.config.activation_memory_budget)
+        return graph_module.forward
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
+    torch._dynamo.reset()
+    module, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    compiled = {budget: gpu_budget.make("torch.compile", budget, module)[0] for budget in (1.0, 0.5)}
+    for budget in (1.0, 0.5, 1.0, 0.5):
+        torch.testing.assert_close(compiled[budget](x), module(x))
+    assert partitioned_at == [1.0, 0.5]  # each compiled once, under its own budget
+    torch._dynamo.reset()
+
+    def row(system, peak, first, *later, budget=1.0):
+        return dict(model="m", layers=2, batch=4, seq=8192, device="d", run="r", system=system, budget=budget,
+                    peak_mib=peak, step_ms=first, first_call_s=1.0, **({"runtime": "auto", "estimated_peak_mib": peak} if system == "remat" else {}))
+
+    records = [row("torch.compile", 100.0, 10.0), row("remat", 90.0, 10.2, budget="100MiB")]
+    gpu_budget.add_rounds(records, [[9.9, 10.1], [9.8, 10.0]], [False, False])
+    assert records[1]["step_ms_rounds"] == [10.2, 9.8, 10.0] and records[1]["step_ms"] == 10.0
+    assert records[0]["step_ms"] == 10.0 and records[0]["step_ms_first_round"] == 10.0
+    checks = "\n".join(gpu_budget.checks(records))
+    assert "step times the medians of the rounds): **1/1**" in checks  # 10.0 <= 10.0
+    assert "torch.compile 1.0 dominated in 2 of 3" in checks  # lost round 1 (10.2 > 10.0), won rounds 2, 3
+    assert "median of 3 rounds" in gpu_budget.render(records, None)
+
+
 def test_the_cpu_graph_memory_diagnostic_reads_the_allocators_peak_of_one_step():
     """``benchmarks/cpu_graph_memory.py`` measures a step's peak from the profiler's allocation events:
     a step that holds a 1 MiB product and then its gradients reads at least that, and not the weights."""
@@ -322,5 +359,6 @@ def test_the_thunderfx_mode_compiles_forward_and_backward_as_remat_graphs_inside
         assert thunder.get_default_executors() == before  # installed only during the first call
     assert executor.last_result is not None and executor.last_result.plan is not None
     assert len(handed) == 2  # remat's forward graph and backward graph, compiled once
+    assert len(gpu_memory.graph_paths(fn)) == 2  # the record's graph_paths reads them through ThunderFX
     assert all(p.grad is not None for p in module.parameters())
     torch._dynamo.reset()
