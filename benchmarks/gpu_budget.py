@@ -30,7 +30,15 @@ one Inductor graph) is a third; its records say how each graph ran (``graph_path
 the suffix ``+prune`` (``inductor-graph+prune``) runs with Thunder's ``PrunePrologueChecks`` as well
 (docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again.
 
-Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured.  Back here,
+``--rounds R`` (default 1) fights the drift of the GPU over a sweep (clocks, temperature: torch.compile's
+0.9-0.6 budgets, one and the same partition, measured 80.6-82.7 ms in one H100 sweep): after every mode has
+been compiled and measured once, each is timed R - 1 times more, interleaved, in alternating order, without
+compiling again (each torch.compile budget is its own backend, so Dynamo keeps all of them; each record
+says whether anything recompiled).  A record's ``step_ms`` is then the median of its rounds
+(``step_ms_rounds``), and the checks say in how many rounds each torch.compile point was dominated.
+
+Each mode's record is appended to ``--out/gpu_budget.jsonl`` as soon as it is measured (with rounds, once
+more at the end, rounds included).  Back here,
 ``python benchmarks/gpu_budget.py --render FILE.jsonl [--write]`` prints the table and the checks of
 issue 15 (remat's measured peak monotone in the budget and within 5% of its estimate; every
 torch.compile point dominated by some remat point) and draws peak against step time
