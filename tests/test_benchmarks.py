@@ -241,6 +241,39 @@ def test_budget_rounds_call_each_torch_compile_budget_again_without_recompiling(
     assert "median of 3 rounds" in gpu_budget.render(records, None)
 
 
+def test_memory_rounds_time_every_mode_again_interleaved_and_give_ratios_round_by_round(monkeypatch, tmp_path):
+    """``gpu_memory.py --rounds``: after the run, each kept mode's one-sync step is timed again, the order
+    reversed every other round; the record's figure is the median, and the table's notes give the ratio to
+    torch.compile round by round."""
+    gpu_memory = load_benchmark("gpu_memory")
+    calls = []
+
+    def fake_step(fn, params, idx, targets, phase_sync=True):
+        calls.append((fn.__name__, phase_sync))
+        return None, fn() / 1e3, 0, 0, 0, None
+
+    monkeypatch.setattr(gpu_memory, "step", fake_step)
+
+    def compiled():
+        return 9.0
+
+    def remat_graph():
+        return 9.18
+
+    records = [
+        dict(model="m", layers=2, seq=8, mode=mode, run="r", step_ms=10.0, step_ms_one_sync=first, peak_mib=peak, saved_mib=1.0, first_call_s=1.0)
+        for mode, first, peak in (("torch.compile", 9.5, 800.0), ("remat-graph", 9.0, 574.0))
+    ]
+    gpu_memory.one_sync_rounds(list(zip(records, [compiled, remat_graph])), [], None, None, steps=2, rounds=3)
+    assert records[0]["step_ms_one_sync_rounds"] == [9.5, 9.0, 9.0] and records[0]["step_ms_one_sync"] == 9.0
+    assert records[1]["step_ms_one_sync_rounds"] == [9.0, 9.18, 9.18] and records[1]["step_ms_one_sync_first_round"] == 9.0
+    assert not any(sync for _, sync in calls)  # steps as a training loop runs them
+    assert [name for name, _ in calls] == ["remat_graph"] * 3 + ["compiled"] * 6 + ["remat_graph"] * 3  # warm-up + 2, reversed, then forward
+    path = tmp_path / "gpu_memory.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "round by round (3 interleaved rounds): 0.947, 1.020, 1.020; median 1.020, at most 1.000 in 1 of 3" in gpu_memory.render(str(path))
+
+
 def test_the_cpu_graph_memory_diagnostic_reads_the_allocators_peak_of_one_step():
     """``benchmarks/cpu_graph_memory.py`` measures a step's peak from the profiler's allocation events:
     a step that holds a 1 MiB product and then its gradients reads at least that, and not the weights."""
