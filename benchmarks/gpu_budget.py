@@ -291,12 +291,10 @@ def run(args) -> None:
     if kept:
         # the drift of the GPU over a sweep (clocks, temperature) is as large as the differences measured:
         # every mode again, interleaved, the order reversed every other round
-        timings: list[list[float]] = [[] for _ in kept]
+        from gpu_memory import interleaved_rounds
+
         before = [compilations(fn) for _, fn in kept]
-        for round_index in range(1, args.rounds):
-            order = list(range(len(kept)))[:: -1 if round_index % 2 else 1]
-            for i in order:
-                timings[i].append(time_round(kept[i][1], params, idx, targets, args.steps))
+        timings = interleaved_rounds(len(kept), args.rounds, lambda i: time_round(kept[i][1], params, idx, targets, args.steps))
         recompiled = [compilations(fn) != b for (_, fn), b in zip(kept, before)]
         add_rounds([r for r, _ in kept], timings, recompiled)
         for record, _ in kept:

@@ -329,16 +329,27 @@ def one_sync_rounds(kept: list[tuple[dict, object]], params, idx, targets, steps
     round, so that the GPU's drift over the run (clocks, temperature) falls on every mode alike.  Each
     record gets ``step_ms_one_sync_rounds`` (the first measurement first) and ``step_ms_one_sync``, their
     median; ``step_ms_one_sync_first_round`` keeps what a run without rounds reports."""
-    times: list[list[float]] = [[record["step_ms_one_sync"]] for record, _ in kept]
-    for round_index in range(1, rounds):
-        for i in list(range(len(kept)))[:: -1 if round_index % 2 else 1]:
-            fn = kept[i][1]
-            step(fn, params, idx, targets, phase_sync=False)  # warm-up
-            times[i].append(1e3 * statistics.median(step(fn, params, idx, targets, phase_sync=False)[1] for _ in range(steps)))
-    for (record, _), measured in zip(kept, times):
+
+    def time_one(i: int) -> float:
+        fn = kept[i][1]
+        step(fn, params, idx, targets, phase_sync=False)  # warm-up
+        return 1e3 * statistics.median(step(fn, params, idx, targets, phase_sync=False)[1] for _ in range(steps))
+
+    for (record, _), later in zip(kept, interleaved_rounds(len(kept), rounds, time_one)):
         record["step_ms_one_sync_first_round"] = record["step_ms_one_sync"]
-        record["step_ms_one_sync_rounds"] = measured
-        record["step_ms_one_sync"] = statistics.median(measured)
+        record["step_ms_one_sync_rounds"] = [record["step_ms_one_sync"], *later]
+        record["step_ms_one_sync"] = statistics.median(record["step_ms_one_sync_rounds"])
+
+
+def interleaved_rounds(count: int, rounds: int, time_one) -> list[list[float]]:
+    """Rounds 2 to ``rounds`` of ``count`` modes (the first is each mode's own measurement): every round
+    times every mode once (``time_one(i)``), the order reversed every other round so that a drift of the
+    GPU falls on all modes alike.  One list of times per mode.  Shared with gpu_budget.py."""
+    times: list[list[float]] = [[] for _ in range(count)]
+    for round_index in range(1, rounds):
+        for i in list(range(count))[:: -1 if round_index % 2 else 1]:
+            times[i].append(time_one(i))
+    return times
 
 
 def round_ratios(record: dict, base: dict) -> list[float] | None:
