@@ -203,24 +203,13 @@ def compilations(fn) -> int:
         return counters["stats"]["unique_graphs"]
 
 
-def time_round(fn, params, idx, targets, steps: int) -> float:
-    """One more round of a compiled mode: a warm-up step, then the median of ``steps`` steps, in ms."""
-    from gpu_memory import step
-
-    for p in params:
-        p.grad = None
-    gc.collect()
-    step(fn, params, idx, targets)  # warm-up
-    return 1e3 * statistics.median(step(fn, params, idx, targets)[1] for _ in range(steps))
-
-
 def add_rounds(records: list[dict], timings: list[list[float]], recompiled: list[bool]) -> None:
     """Fold the rounds into each record: ``step_ms_rounds`` (round 1 is the first measurement), ``step_ms``
     their median, ``step_ms_first_round`` what the single-round form reports, ``recompiled_in_rounds``."""
+    from gpu_memory import fold_rounds
+
     for record, times, again in zip(records, timings, recompiled):
-        record["step_ms_first_round"] = record["step_ms"]
-        record["step_ms_rounds"] = [record["step_ms"], *times]
-        record["step_ms"] = statistics.median(record["step_ms_rounds"])
+        fold_rounds(record, "step_ms", times)
         record["recompiled_in_rounds"] = again
 
 
@@ -230,6 +219,7 @@ def run(args) -> None:
     import torch._inductor.config
 
     import remat.thunder  # noqa: F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
+    from gpu_memory import emit
 
     for config, name in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
         if hasattr(config, name):  # a cached partition of another budget must not be reused
@@ -246,11 +236,6 @@ def run(args) -> None:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 64)
-
-    def emit(record: dict) -> None:
-        print(json.dumps(record), flush=True)
-        with log.open("a") as f:
-            f.write(json.dumps(record) + "\n")
 
     for system, budget in modes(tuple(args.fractions), tuple(args.extra_compile_fractions), tuple(args.at_compile_peaks)):
         if args.only and f"{system}:{budget}" not in args.only and system not in args.only:
@@ -287,18 +272,18 @@ def run(args) -> None:
                 record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
             if args.rounds == 1:  # with rounds, Dynamo's cache keeps each torch.compile budget's graph
                 torch._dynamo.reset()
-            emit(record)
+            emit(record, log)
     if kept:
         # the drift of the GPU over a sweep (clocks, temperature) is as large as the differences measured:
         # every mode again, interleaved, the order reversed every other round
-        from gpu_memory import interleaved_rounds
+        from gpu_memory import interleaved_rounds, median_step_ms
 
         before = [compilations(fn) for _, fn in kept]
-        timings = interleaved_rounds(len(kept), args.rounds, lambda i: time_round(kept[i][1], params, idx, targets, args.steps))
+        timings = interleaved_rounds(len(kept), args.rounds, lambda i: median_step_ms(kept[i][1], params, idx, targets, args.steps))
         recompiled = [compilations(fn) != b for (_, fn), b in zip(kept, before)]
         add_rounds([r for r, _ in kept], timings, recompiled)
         for record, _ in kept:
-            emit(record)  # the same mode again, with its rounds: latest_group keeps this line
+            emit(record, log)  # the same mode again, with its rounds: latest_group keeps this line
 
 
 # ------------------------------------------------------------------------------------------------ render

@@ -310,14 +310,15 @@ def run(args) -> None:
             del fn
         except Exception as exc:  # one broken mode must not lose the others
             record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-        _emit(record, log)
+        emit(record, log)
     if kept:
         one_sync_rounds(kept, params, idx, targets, args.steps, args.rounds)
         for record, _ in kept:
-            _emit(record, log)  # again, with its rounds: the render keeps a mode's latest line of the run
+            emit(record, log)  # again, with its rounds: the render keeps a mode's latest line of the run
 
 
-def _emit(record: dict, log: Path) -> None:
+def emit(record: dict, log: Path) -> None:
+    """Prints ``record`` and appends it to ``log`` (a JSON line), as soon as it is measured."""
     print(json.dumps(record), flush=True)
     with log.open("a") as f:
         f.write(json.dumps(record) + "\n")
@@ -329,16 +330,24 @@ def one_sync_rounds(kept: list[tuple[dict, object]], params, idx, targets, steps
     round, so that the GPU's drift over the run (clocks, temperature) falls on every mode alike.  Each
     record gets ``step_ms_one_sync_rounds`` (the first measurement first) and ``step_ms_one_sync``, their
     median; ``step_ms_one_sync_first_round`` keeps what a run without rounds reports."""
-
-    def time_one(i: int) -> float:
-        fn = kept[i][1]
-        step(fn, params, idx, targets, phase_sync=False)  # warm-up
-        return 1e3 * statistics.median(step(fn, params, idx, targets, phase_sync=False)[1] for _ in range(steps))
-
+    time_one = lambda i: median_step_ms(kept[i][1], params, idx, targets, steps, phase_sync=False)  # noqa: E731
     for (record, _), later in zip(kept, interleaved_rounds(len(kept), rounds, time_one)):
-        record["step_ms_one_sync_first_round"] = record["step_ms_one_sync"]
-        record["step_ms_one_sync_rounds"] = [record["step_ms_one_sync"], *later]
-        record["step_ms_one_sync"] = statistics.median(record["step_ms_one_sync_rounds"])
+        fold_rounds(record, "step_ms_one_sync", later)
+
+
+def median_step_ms(fn, params, idx, targets, steps: int, phase_sync: bool = True) -> float:
+    """One more round of a compiled mode: a warm-up step, then the median of ``steps`` steps, in ms."""
+    gc.collect()
+    step(fn, params, idx, targets, phase_sync=phase_sync)  # warm-up
+    return 1e3 * statistics.median(step(fn, params, idx, targets, phase_sync=phase_sync)[1] for _ in range(steps))
+
+
+def fold_rounds(record: dict, key: str, later: list[float]) -> None:
+    """``record[key]`` (the first round) with ``later`` rounds: ``<key>_rounds`` all of them,
+    ``<key>_first_round`` what a run without rounds reports, ``key`` their median.  Shared with gpu_budget.py."""
+    record[f"{key}_first_round"] = record[key]
+    record[f"{key}_rounds"] = [record[key], *later]
+    record[key] = statistics.median(record[f"{key}_rounds"])
 
 
 def interleaved_rounds(count: int, rounds: int, time_one) -> list[list[float]]:
