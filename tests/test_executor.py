@@ -137,8 +137,8 @@ def test_install_makes_remat_thunders_default_and_undoes_it():
 def test_thunders_prologue_pruning_composes_with_remat():
     """The recipe of docs/api.md ("Host time before the first kernel"): Thunder's ``PrunePrologueChecks``
     next to remat's plan.  The step trains like eager, remat still plans it, and the prologue no longer
-    checks the module's tensors or attributes, so a change to them (here ``eval()``) is not seen: the
-    trade the recipe states."""
+    checks the module's tensors or attributes; remat's guard (``remat.thunder.prologue``) sees ``eval()``
+    instead, and Thunder compiles for it as it would have without the pruning."""
     import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
     import thunder
     from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
@@ -157,7 +157,45 @@ def test_thunders_prologue_pruning_composes_with_remat():
     assert checked == ["idx"]  # the input only, none of the module's parameters or buffers
     numbers = [b.args[0].name for b in prologue.bound_symbols if b.sym.name == "check_number_type_and_value"]
     assert numbers and all(name.startswith("cache_info") for name in numbers)  # autocast, grad mode: not the module's
-    model.eval()  # the same grad mode as before: only the module changed (unpruned, Thunder traces again)
+    model.eval()  # the same grad mode as before: only the module changed
     jitted(idx)
     model.train()
-    assert thunder.cache_misses(jitted) == 1  # eval() went unseen
+    jitted(idx)
+    assert thunder.cache_misses(jitted) == 2  # eval() compiled once; train() found its first compilation
+
+
+def test_pruned_prologue_guard_sees_what_the_pruned_checks_no_longer_see():
+    """``PrunePrologueChecks`` alone runs the trace compiled for the module as it was: after ``eval()``,
+    dropout would still drop.  remat.jit's guard reads the module's state before each call (training
+    flags, parameters' shapes, dtypes, ``requires_grad``) and gives Thunder the compilations of that
+    state: the eval output is eager's, a frozen parameter gets no gradient, switching back compiles
+    nothing new.  Without the transform there is no guard (Thunder's checks are all there)."""
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+    import thunder
+    from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    jitted = remat.jit(model, runtime="torch", transforms=[PrunePrologueChecks()])
+    guard = jitted._remat_prologue_guard
+    x = torch.randn(16, 8)
+    jitted(x).sum().backward()
+    assert thunder.cache_misses(jitted) == 1 and guard.switches == 0
+    model.eval()
+    torch.testing.assert_close(jitted(x), model(x))  # no dropout: eager's eval output exactly
+    assert thunder.cache_misses(jitted) == 2 and guard.switches == 1
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = jitted(x)
+    assert (out == 0).any()  # dropout again, from the first compilation
+    out.sum().backward()
+    assert thunder.cache_misses(jitted) == 2 and guard.switches == 2 and guard.states_compiled == 2
+    model[0].bias.requires_grad_(False)
+    model.zero_grad(set_to_none=True)
+    jitted(x).sum().backward()
+    assert model[0].bias.grad is None and model[0].weight.grad is not None
+    assert thunder.cache_misses(jitted) == 3 and guard.states_compiled == 3
+    # a parameter replaced by assignment (a registration): the guard reads the new one
+    model[0].weight = torch.nn.Parameter(model[0].weight.detach().double())
+    assert guard.state() != guard._state
+    assert remat.jit(model, runtime="torch")._remat_prologue_guard is None

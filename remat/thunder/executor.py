@@ -48,6 +48,7 @@ from remat.thunder.attention import attention_executor, cudnn_attention_executor
 from remat.thunder.capture import is_joint_trace, is_thunder_compiled
 from remat.thunder.fuse import fuse
 from remat.thunder.read import check_trace
+from remat.thunder.prologue import guard_pruned_prologue
 from remat.thunder.regions import RegionExecutor
 
 __all__ = ["RematExecutor", "ATTENTION_CHOICES", "DefaultsInstalled", "default_executors", "install_defaults", "jit_with"]
@@ -208,6 +209,8 @@ def jit_with(fn: Callable, remat_executor: RematExecutor, attention: str = "auto
     jitted = thunder.jit(fn, executors=default_executors(remat_executor, attention), **jit_options)
     try:
         jitted._remat_executor = remat_executor
+        # Thunder's PrunePrologueChecks no longer sees eval() or changed parameters: a cheap check does
+        jitted._remat_prologue_guard = guard_pruned_prologue(jitted, jit_options.get("transforms"))
     except AttributeError:  # pragma: no cover - objects that refuse attributes
         pass
     return jitted
