@@ -172,6 +172,13 @@ def test_the_budget_benchmark_gives_remat_torch_compiles_measured_peak_right_aft
     at_peak = order.index(("remat", gpu_budget.AT_PEAK_PREFIX + "1.0"))
     assert order[at_peak - 1] == ("torch.compile", 1.0)
     assert not any(b == gpu_budget.AT_PEAK_PREFIX + "0.9" for _, b in order)
+    # a share of that peak (issue 18's 0.80 x), right after it, and read back
+    order = gpu_budget.modes((1.0, 0.9), (0.2,), at_compile_peaks=(1.0,), peak_shares=(1.0, 0.8))
+    at_share = order.index(("remat", "0.8 x " + gpu_budget.AT_PEAK_PREFIX + "1.0"))
+    assert order[at_share - 2 : at_share] == [("torch.compile", 1.0), ("remat", gpu_budget.AT_PEAK_PREFIX + "1.0")]
+    assert gpu_budget.parse_at_peak(order[at_share][1]) == ("1.0", 0.8)
+    assert gpu_budget.parse_at_peak(gpu_budget.AT_PEAK_PREFIX + "0.7") == ("0.7", 1.0)
+    assert gpu_budget.parse_at_peak("10291MiB") is None and gpu_budget.parse_at_peak(0.9) is None
     # sizes (above remat's default plan) sort between the anchors and the fractions
     budgets = [None, "min", 1.0, 0.9, "10291MiB", "9000MiB"]
     assert sorted(budgets, key=gpu_budget._order) == [None, "10291MiB", "9000MiB", 1.0, 0.9, "min"]
@@ -239,6 +246,14 @@ def test_budget_rounds_call_each_torch_compile_budget_again_without_recompiling(
     assert "step times the medians of the rounds): **1/1**" in checks  # 10.0 <= 10.0
     assert "torch.compile 1.0 dominated in 2 of 3" in checks  # lost round 1 (10.2 > 10.0), won rounds 2, 3
     assert "median of 3 rounds" in gpu_budget.render(records, None)
+    # a row at 0.8 x torch.compile's peak: issue 18's ratio, round by round
+    share = row("remat", 80.0, 10.5, budget="80MiB")
+    share["budget_from"] = "0.8 x " + gpu_budget.AT_PEAK_PREFIX + "1.0"
+    gpu_budget.add_rounds([share], [[10.4, 10.0]], [False])
+    checks = "\n".join(gpu_budget.checks([*records, share]))
+    assert "**1.040 x** torch.compile 1.0's step at 0.800 x its peak" in checks  # 10.4 / 10.0
+    assert "round by round 1.050, 1.051, 0.990" in checks  # against 10.0, 9.9, 10.1
+    assert gpu_budget._short_label(share) == "0.8 x tc 1.0"
 
 
 def test_memory_rounds_time_every_mode_again_interleaved_and_give_ratios_round_by_round(monkeypatch, tmp_path):
