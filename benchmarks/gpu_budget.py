@@ -249,7 +249,7 @@ def run(args) -> None:
     import torch._inductor.config
 
     import remat.thunder  # noqa: F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
-    from gpu_memory import emit
+    from gpu_memory import allocator_settings, emit
 
     for config, name in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
         if hasattr(config, name):  # a cached partition of another budget must not be reused
@@ -282,7 +282,7 @@ def run(args) -> None:
             continue
         record = dict(
             model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, system=system, budget=budget,
-            device=torch.cuda.get_device_name(), run=RUN,
+            device=torch.cuda.get_device_name(), run=RUN, **allocator_settings(),
         )
         if budget_from is not None:
             record["budget_from"] = budget_from

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -207,6 +208,13 @@ def _thunderfx_installed(module: torch.nn.Module):
     return fn, executor
 
 
+def allocator_settings() -> dict:
+    """``{"alloc_conf": ...}`` when ``PYTORCH_CUDA_ALLOC_CONF`` is set: it changes what a step holds
+    (``held_mib``; expandable segments kept it within 5% of the peak on an H200, docs/memory-model.md)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    return {"alloc_conf": conf} if conf else {}
+
+
 def step(fn, params, idx, targets, phase_sync: bool = True):
     """One training step.  ``phase_sync``: synchronize between the forward and the backward too (to read
     what the forward left and its own peak); the GPU then idles while the host starts the backward, which a
@@ -265,7 +273,7 @@ def run(args) -> None:
         gc.collect()
         torch.cuda.empty_cache()
         reserved_at_start = torch.cuda.memory_reserved()  # the weights (and inputs), nothing cached
-        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name(), run=RUN)
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, device=torch.cuda.get_device_name(), run=RUN, **allocator_settings())
         try:
             t0 = time.perf_counter()
             fn, remat_executor = make(mode, module, compile_peak_mib)
