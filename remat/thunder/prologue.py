@@ -19,7 +19,7 @@ again, as it would have without the pruning); switching back finds the entries c
 Approximate, by design: other attributes the trace reads (a config number such as ``max_seq_length``, a
 tensor that is an attribute but not a registered buffer, a tensor's device) are not read; Thunder's own
 checks of the call's inputs, grad mode and autocast stay in the pruned prologue unless
-``PrunePrologueChecks(prune_all_checks=True)`` drops them too.  Cost: about 7 us a call for a 2-layer
+``PrunePrologueChecks(prune_all_checks=True)`` drops them too.  Cost: about 10 us a call for a 2-layer
 LitGPT model and 70 us for 32 layers on this project's CPU (a throwaway timing of the state alone;
 docs/api.md has the step times).
 """
