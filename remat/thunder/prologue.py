@@ -26,6 +26,7 @@ docs/api.md has the step times).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,7 +37,6 @@ __all__ = ["PrunedPrologueGuard", "prunes_module_checks", "guard_pruned_prologue
 # Bumped by torch's global registration hooks whenever any module registers a parameter, buffer or
 # submodule (including replacing one by assignment): the guards' cached lists of objects may be stale then.
 _registration_epoch = 0
-_hooks_installed = False
 
 
 def _registered(*_: Any) -> None:
@@ -44,17 +44,14 @@ def _registered(*_: Any) -> None:
     _registration_epoch += 1
 
 
+@functools.cache  # once per process: the hooks are global
 def _install_registration_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
     from torch.nn.modules import module as torch_module
 
     # each returns None: the registered object is kept as it is
     torch_module.register_module_parameter_registration_hook(_registered)
     torch_module.register_module_buffer_registration_hook(_registered)
     torch_module.register_module_module_registration_hook(_registered)
-    _hooks_installed = True
 
 
 def prunes_module_checks(transforms: Iterable[Any] | None) -> bool:
@@ -98,7 +95,6 @@ class PrunedPrologueGuard:
         return (
             tuple(m.training for m in self._modules),
             tuple((t.shape, t.dtype, t.requires_grad) for t in self._tensors),
-            len(self._tensors),
         )
 
     def __call__(self, *_: Any) -> None:
