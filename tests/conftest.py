@@ -39,11 +39,14 @@ def assert_same_loss_and_grads(reference, optimized, *, seed: int = 1) -> int:
     return compared
 
 
+#: what ``tiny_litgpt`` overrides in every LitGPT config unless asked otherwise
+TINY_FIELDS = dict(n_layer=1, n_embd=64, n_head=4, block_size=64, padded_vocab_size=128, vocab_size=128)
+
+
 def tiny_litgpt(name="pythia-14m", **overrides):
     from litgpt import GPT, Config
 
-    fields = dict(n_layer=1, n_embd=64, n_head=4, block_size=64, padded_vocab_size=128, vocab_size=128)
-    fields.update(overrides)
+    fields = {**TINY_FIELDS, **overrides}
     config = Config.from_name(name, **fields)
     torch.manual_seed(0)
     return GPT(config)
@@ -105,7 +108,8 @@ def traced(name="pythia-14m", *, seq=32, device="meta", **overrides):
     trace: remat never edits its input trace (tests/test_fallbacks.py checks that), and tests only read
     them.  ``device="meta"``: nothing can run; ``"cpu"``: the trace can be executed
     (``remat.thunder.execute``).  Token ids are zeros: a trace does not depend on their values."""
-    key = (name, seq, str(device), tuple(sorted(overrides.items())))
+    # the fields as tiny_litgpt uses them: an override equal to its default is the same model
+    key = (name, seq, str(device), tuple(sorted({**TINY_FIELDS, **overrides}.items())))
     if key not in _TRACES:
         with torch.device(device):
             model = tiny_litgpt(name, **overrides)
@@ -114,10 +118,14 @@ def traced(name="pythia-14m", *, seq=32, device="meta", **overrides):
     return _TRACES[key]
 
 
-# The shared tiny models (see ``traced``): a 1-layer pythia on meta, and the 2-layer pythia and LLaMA on CPU
+# The shared tiny models (see ``traced``): a 1-layer pythia on meta, and the 2-layer pythia and LLaMAs on CPU
 # that several files execute, plan and draw.
 PYTHIA_2 = dict(name="pythia-14m", n_layer=2, seq=16, device="cpu")
 LLAMA_2 = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, intermediate_size=128, seq=16, device="cpu")
+# A 2-layer tiny LLaMA whose activations outweigh its weights (width 32, sequence 64), as at long sequences
+# on full-width models: its lowest plans recompute linears (test_stages, test_host, test_unfused_readers).
+WIDE_LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64,
+                  device="cpu")
 
 
 @pytest.fixture(scope="session")

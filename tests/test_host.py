@@ -12,22 +12,22 @@ from __future__ import annotations
 import pytest
 
 import remat
-from conftest import assert_same_loss_and_grads, traced
+from conftest import PYTHIA_2, WIDE_LLAMA, assert_same_loss_and_grads, traced
 from remat.core.layout import _closure, layout_graph, plan_layout
 from remat.core.memory import profile_graph
 from remat.planning.budget import plan_memory
 from remat.planning.plan import plan_graph
 from remat.thunder.rewrite import apply_plan
 
-LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64)
-PYTHIA = dict(name="pythia-14m", n_layer=2, seq=64)  # GPT-NeoX like stablecode: biases, GELU, LayerNorm
+#: GPT-NeoX like stablecode (biases, GELU, LayerNorm), at sequence 64 so that its lowest plan recomputes
+#: matmuls (at conftest's 16 it does not)
+PYTHIA = dict(PYTHIA_2, seq=64)
 NO_HOST = remat.RecomputePolicy(host_recompute=False)
 
 
 @pytest.fixture(scope="module", params=["llama", "pythia"])
 def fused(request):
-    config = LLAMA if request.param == "llama" else PYTHIA
-    return remat.fuse(traced(device="cpu", block_size=64, **config))
+    return remat.fuse(traced(**(WIDE_LLAMA if request.param == "llama" else PYTHIA)))
 
 
 def regions(trace) -> int:

@@ -16,22 +16,17 @@ from collections import Counter
 import pytest
 
 import remat
-from conftest import assert_same_loss_and_grads, traced
+from conftest import WIDE_LLAMA, assert_same_loss_and_grads, traced
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op
 from remat.core.layout import _closure, plan_layout, stage_closure, stands_alone
 from remat.planning.budget import plan_memory
 from remat.planning.plan import plan_graph
 from remat.thunder.rewrite import apply_plan
 
-#: A 2-layer tiny LLaMA whose activations outweigh its weights (as at long sequences on full-width
-#: models), so that the lowest plans of its frontier recompute linears.
-WIDE_LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64)
-
-
 @pytest.fixture(scope="module")
 def fused_wide():
-    """The fused joint trace of :data:`WIDE_LLAMA` on CPU (fp32)."""
-    return remat.fuse(traced(device="cpu", block_size=64, **WIDE_LLAMA))
+    """The fused joint trace of ``conftest.WIDE_LLAMA`` on CPU (fp32): its lowest plans recompute linears."""
+    return remat.fuse(traced(**WIDE_LLAMA))
 
 
 def recomputes_a_matmul(graph: FusionGraph, plan) -> bool:

@@ -11,20 +11,19 @@ from __future__ import annotations
 import pytest
 
 import remat
-from conftest import assert_same_loss_and_grads, traced
+from conftest import WIDE_LLAMA, assert_same_loss_and_grads, traced
 from remat.core.layout import read_outside_regions
 from remat.core.views import alias_base
 from remat.planning.budget import plan_for_budget, plan_memory
 from remat.planning.plan import plan_graph
 from remat.thunder.rewrite import apply_plan
 
-LLAMA = dict(name="Llama-2-7b-hf", n_layer=2, n_query_groups=2, n_embd=32, n_head=2, intermediate_size=128, seq=64)
 KEEP = remat.RecomputePolicy(unfused_readers=False)
 
 
 @pytest.fixture(scope="module")
 def fused():
-    return remat.fuse(traced(device="cpu", block_size=64, **LLAMA))
+    return remat.fuse(traced(**WIDE_LLAMA))
 
 
 def recomputed_unfused_reads(graph, plan) -> set[str]:
