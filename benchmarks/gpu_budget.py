@@ -56,6 +56,7 @@ import argparse
 import functools
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -318,16 +319,26 @@ def run(args) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ render
-def _order(budget) -> float:
-    """Sort key: anchors first, then budgets falling (sizes such as "10291MiB", above the default plan,
-    before fractions), the lowest plan ("min") last."""
+def _order(budget, default_mib: float | None = None) -> float:
+    """Sort key: anchors first, then budgets falling, the lowest plan ("min") last.  A fraction is of
+    remat's default plan's estimated peak: with that peak (``default_mib``, the ``1.0`` row's estimate)
+    sizes such as "7894MiB" sort among the fractions by their bytes; without it a size is taken as above
+    the default plan (what a share of torch.compile's peak usually is) and sorts before every fraction."""
     if budget is None:
-        return -2.0
+        return -math.inf
     if budget == "min":
-        return 1.0
+        return math.inf
     if isinstance(budget, str) and budget.endswith("MiB"):
-        return -1.0 - float(budget[:-3]) / 1e7
-    return -float(budget)
+        mib = float(budget[:-3])
+        return -mib if default_mib else -1e12 - mib
+    return -float(budget) * (default_mib or 1.0)
+
+
+def default_estimate(records: list[dict], name: str | None = None) -> float | None:
+    """remat's default plan's estimated peak (MiB): the estimate of the ``1.0`` row of variant ``name``
+    (any remat variant when None; every variant plans the same), or None without such a row."""
+    return next((r["estimated_peak_mib"] for r in records if r["system"] == "remat" and r["budget"] == 1.0
+                 and r.get("estimated_peak_mib") and (name is None or variant(r) == name)), None)
 
 
 def outdated(records: list[dict]) -> list[dict]:
@@ -374,7 +385,8 @@ def checks(records: list[dict]) -> list[str]:
     lines = []
     # remat: monotone in the budget (budgets in falling order; "min" last)
     for name in dict.fromkeys(variant(r) for r in remat_points):  # each runtime is a frontier of its own
-        ordered = sorted((r for r in remat_points if variant(r) == name), key=lambda r: _order(r["budget"]))
+        mine = [r for r in remat_points if variant(r) == name]
+        ordered = sorted(mine, key=lambda r, default=default_estimate(mine): _order(r["budget"], default))
         rises = [(a, b) for a, b in zip(ordered, ordered[1:]) if b["peak_mib"] > a["peak_mib"] * 1.001]
         lines.append(
             f"- {name}: measured peak "
@@ -475,7 +487,9 @@ def latest_group(records: list[dict]) -> list[dict]:
 def render(records: list[dict], image: str | None) -> str:
     first = records[0]
     anchors = {r["system"]: r for r in records if r["system"] in ("eager", "thunder") and "peak_mib" in r}
-    default = next((r for r in records if variant(r) == "remat" and r["budget"] == 1.0 and "peak_mib" in r), None)
+    # the measured peak of remat's default plan: nvFuser's row, else another runtime's (the same plan)
+    defaults = [r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r]
+    default = next((r for r in defaults if variant(r) == "remat"), defaults[0] if defaults else None)
     lines = [
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
         f"{first['device']}; " + _runs(records) + _rounds_note(records) + " remat's budget is a fraction of its default plan's "
@@ -490,7 +504,8 @@ def render(records: list[dict], image: str | None) -> str:
     compiled_default = next((r for r in records if r["system"] == "torch.compile" and r["budget"] == 1.0 and "step_ms" in r), None)
     order = {"eager": 0, "thunder": 1, "torch.compile": 2, "remat": 3}
     stale = outdated(records)
-    for r in sorted(records, key=lambda r: (order.get(r["system"], 9), variant(r), _order(r["budget"]))):
+    default_mib = default_estimate(records)
+    for r in sorted(records, key=lambda r: (order.get(r["system"], 9), variant(r), _order(r["budget"], default_mib))):
         if "error" in r:
             lines.append(f"| {variant(r)} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | | {r.get('run', '')[-5:]} |")
             continue
@@ -596,9 +611,15 @@ def main() -> None:
     parser.add_argument("--out", default="out")
     parser.add_argument("--render", help="print the table of a gpu_budget.jsonl instead of measuring")
     parser.add_argument("--write", action="store_true", help="with --render: put the table and the plot into docs/")
+    parser.add_argument("--runs", nargs="*", help="with --render: only the records of these runs (their `run` stamps, "
+                        "e.g. 2026-12-07T14:25), not each row's latest run")
     args = parser.parse_args()
     if args.render:
         all_records = [json.loads(line) for line in Path(args.render).read_text().splitlines() if line.strip()]
+        if args.runs:
+            all_records = [r for r in all_records if r.get("run") in args.runs]
+            if not all_records:
+                raise SystemExit(f"no records of runs {' '.join(args.runs)} in {args.render}")
         sections = []
         for model in dict.fromkeys(r["model"] for r in all_records):
             records = latest_group([r for r in all_records if r["model"] == model])
@@ -613,7 +634,8 @@ def main() -> None:
 
             write_section(
                 markdown + "\n\nCommand: `source .gpu/activate.sh; python benchmarks/gpu_budget.py --model <config> --layers <N> --out $OUT` "
-                f"on the GPU machine; raw records: `{args.render}`; table and plot: `python benchmarks/gpu_budget.py --render {args.render} --write`.",
+                f"on the GPU machine; raw records: `{args.render}`; table and plot: `python benchmarks/gpu_budget.py --render {args.render}"
+                + (f" --runs {' '.join(args.runs)}" if args.runs else "") + " --write`.",
                 marker="gpu_budget",
                 heading="Memory budgets on the GPU (measured)",
             )
