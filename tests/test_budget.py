@@ -116,6 +116,28 @@ def test_tiny_llama_frontier_is_denser_than_the_price_sweep(fused_wide):
         assert point.peak_bytes == remat.estimate_memory(apply_plan(fused_wide, graph, point.plan).trace).peak_bytes
 
 
+def test_cheapest_steps_first_give_budgets_just_below_the_default_plan_a_cheaper_plan(fused_wide, monkeypatch):
+    """Between two price vertices the steps are walked in forward order and again cheapest first
+    (``_Search.orders``): forward order recomputes a layer's qkv projection before its cheaper output
+    projection, so a budget a little below the default plan paid for the larger matmul.  With both
+    orders no budget costs more FLOPs than with forward order alone, and some cost fewer."""
+    graph = remat.read_trace(fused_wide)
+    both = remat.pareto(graph)
+    monkeypatch.setattr(budgets._Search, "orders", lambda self, chains: list(chains))
+    forward_only = remat.pareto(graph)
+    assert is_monotone(both) and len(both) > len(forward_only)
+    cheaper = 0
+    for point in both + forward_only:
+        budget = point.peak_bytes
+        assert choose(both, budget)[0].extra_flops <= choose(forward_only, budget)[0].extra_flops
+        cheaper += choose(both, budget)[0].extra_flops < choose(forward_only, budget)[0].extra_flops
+    assert cheaper
+    # the highest point only the cheapest-first order finds (on this model: the output projections
+    # alone, below the default plan): forward order's cheapest plan under it recomputes more
+    budget = max(p.peak_bytes for p in both if p.peak_bytes not in {q.peak_bytes for q in forward_only})
+    assert choose(both, budget)[0].extra_flops < choose(forward_only, budget)[0].extra_flops
+
+
 def test_a_fraction_is_of_the_default_plan_not_of_the_unoptimized_trace(fused_wide):
     """Issue 15: ``memory_budget=0.7`` once meant 70% of the un-optimized trace's estimated peak, which is
     above the default plan's, so budgets changed nothing; it is 70% of the default plan's peak."""
@@ -155,9 +177,12 @@ def test_unreachable_budget_names_the_smallest_reachable_peak():
 
 def test_deep_models_bisect_the_chain_that_brackets_the_budget(fused_wide, monkeypatch):
     """Past MAX_INTERPOLATED steps, plan_for_budget bisects one chain instead of evaluating the frontier
-    (what keeps 32 layers within seconds): it chooses what the full frontier would, evaluating fewer plans."""
+    (what keeps 32 layers within seconds): it chooses what the full frontier in forward order would (the
+    bisection walks forward order alone, not cheapest first as well), evaluating fewer plans."""
     graph = remat.read_trace(fused_wide)
-    frontier = remat.pareto(graph)
+    with monkeypatch.context() as forward_only:
+        forward_only.setattr(budgets._Search, "orders", lambda self, chains: list(chains))
+        frontier = remat.pareto(graph)
     monkeypatch.setattr(budgets, "MAX_INTERPOLATED", 2)
     for point in frontier:
         for budget in (point.peak_bytes, point.peak_bytes + 1):

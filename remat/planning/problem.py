@@ -111,8 +111,8 @@ def build_problem(
     (``RecomputePolicy(regather_parameters=True)``) are free without ``priced``; with ``priced`` (a budget
     search) they are priced like the ops ``priced`` allows, at their FLOP-equivalent
     (:data:`remat.core.ops.REGATHER_FLOPS_PER_BYTE` per gathered byte), so at an infinite price nothing is
-    re-gathered.  The future of a re-gather that may be recomputed is never a saved value (it counts 0
-    bytes but holds the gathered buffer).
+    re-gathered.  The future of a re-gather the policies allow is never a saved value (it counts 0 bytes
+    but holds the gathered buffer), also where ``priced_ops`` leaves the gather pinned.
 
     ``keep``: values whose producers may not be recomputed, whatever the policies say (the budget search
     above the default plan keeps values this way, :mod:`remat.planning.budget`); with
@@ -155,10 +155,12 @@ def build_problem(
             allowed = False
         if not allowed:
             pinned.update(names)
-        if not op.savable or (allowed and REGATHER_TAG in op.tags and op.kind in ALL_GATHER_KINDS):
+        if not op.savable or ((free or priceable) and REGATHER_TAG in op.tags and op.kind in ALL_GATHER_KINDS):
             # A re-gather's future holds the gathered buffer but counts 0 bytes: saving it instead
             # of its wait's output would look free.  It is re-issued whole, or its wait's output
-            # (which the memory model counts) is what the cut keeps.
+            # (which the memory model counts) is what the cut keeps.  Also where this cut may not
+            # re-issue the gather (``priced_ops`` allows its wait alone): re-running the wait on a
+            # saved future is not a re-gather.
             unsavable.update(names)
 
     save_cost = dict(network.save_cost)
