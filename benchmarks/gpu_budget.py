@@ -334,11 +334,11 @@ def _order(budget, default_mib: float | None = None) -> float:
     return -float(budget) * (default_mib or 1.0)
 
 
-def default_estimate(records: list[dict], name: str | None = None) -> float | None:
-    """remat's default plan's estimated peak (MiB): the estimate of the ``1.0`` row of variant ``name``
-    (any remat variant when None; every variant plans the same), or None without such a row."""
-    return next((r["estimated_peak_mib"] for r in records if r["system"] == "remat" and r["budget"] == 1.0
-                 and r.get("estimated_peak_mib") and (name is None or variant(r) == name)), None)
+def default_row(records: list[dict]) -> dict | None:
+    """The measured row of remat's default plan (budget ``1.0``): nvFuser's, else another runtime's (every
+    runtime plans the same); None without one."""
+    defaults = [r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r]
+    return next((r for r in defaults if variant(r) == "remat"), defaults[0] if defaults else None)
 
 
 def outdated(records: list[dict]) -> list[dict]:
@@ -386,7 +386,8 @@ def checks(records: list[dict]) -> list[str]:
     # remat: monotone in the budget (budgets in falling order; "min" last)
     for name in dict.fromkeys(variant(r) for r in remat_points):  # each runtime is a frontier of its own
         mine = [r for r in remat_points if variant(r) == name]
-        ordered = sorted(mine, key=lambda r, default=default_estimate(mine): _order(r["budget"], default))
+        default_mib = (default_row(mine) or {}).get("estimated_peak_mib")
+        ordered = sorted(mine, key=lambda r: _order(r["budget"], default_mib))
         rises = [(a, b) for a, b in zip(ordered, ordered[1:]) if b["peak_mib"] > a["peak_mib"] * 1.001]
         lines.append(
             f"- {name}: measured peak "
@@ -487,9 +488,7 @@ def latest_group(records: list[dict]) -> list[dict]:
 def render(records: list[dict], image: str | None) -> str:
     first = records[0]
     anchors = {r["system"]: r for r in records if r["system"] in ("eager", "thunder") and "peak_mib" in r}
-    # the measured peak of remat's default plan: nvFuser's row, else another runtime's (the same plan)
-    defaults = [r for r in records if r["system"] == "remat" and r["budget"] == 1.0 and "peak_mib" in r]
-    default = next((r for r in defaults if variant(r) == "remat"), defaults[0] if defaults else None)
+    default = default_row(records)
     lines = [
         f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
         f"{first['device']}; " + _runs(records) + _rounds_note(records) + " remat's budget is a fraction of its default plan's "
@@ -504,7 +503,7 @@ def render(records: list[dict], image: str | None) -> str:
     compiled_default = next((r for r in records if r["system"] == "torch.compile" and r["budget"] == 1.0 and "step_ms" in r), None)
     order = {"eager": 0, "thunder": 1, "torch.compile": 2, "remat": 3}
     stale = outdated(records)
-    default_mib = default_estimate(records)
+    default_mib = (default or {}).get("estimated_peak_mib")
     for r in sorted(records, key=lambda r: (order.get(r["system"], 9), variant(r), _order(r["budget"], default_mib))):
         if "error" in r:
             lines.append(f"| {variant(r)} | {_label(r)} | failed: {r['error'][:100]} | | | | | | | | | | {r.get('run', '')[-5:]} |")
