@@ -28,7 +28,9 @@ and by Inductor (``remat.jit(..., runtime=...)``); the table, the checks and the
 ``remat (inductor)`` as a system of its own.  ``inductor-graph`` (remat's whole forward and backward each
 one Inductor graph) is a third; its records say how each graph ran (``graph_paths``).  Any runtime with
 the suffix ``+prune`` (``inductor-graph+prune``) runs with Thunder's ``PrunePrologueChecks`` as well
-(docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again.
+(docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again; the suffix
+``+transposed-cat`` with ``FusionPolicy(transposed_cat=True)`` (``cpu_graph_traffic.py`` says why); both
+combine (``inductor-graph+transposed-cat+prune``).
 
 ``--rounds R`` (default 1) fights the drift of the GPU over a sweep (clocks, temperature: torch.compile's
 0.9-0.6 budgets, one and the same partition, measured 80.6-82.7 ms in one H100 sweep): after every mode has
@@ -131,6 +133,28 @@ def modes(
 #: A ``--runtime`` suffix: that runtime with Thunder's ``PrunePrologueChecks`` (no checks of the module's
 #: members each call), e.g. ``inductor-graph+prune``: a remat system of its own in the tables.
 PRUNED = "+prune"
+#: A ``--runtime`` suffix: remat with ``FusionPolicy(transposed_cat=True)`` (attention's q, k, v gradients
+#: concatenated in the region that computes them; fewer kernels and bytes under the graph runtime on the
+#: CPU, ``cpu_graph_traffic.py``).  Suffixes combine: ``inductor-graph+transposed-cat+prune``.
+TRANSPOSED_CAT = "+transposed-cat"
+
+
+def runtime_options(runtime: str) -> tuple[str, dict]:
+    """A ``--runtime`` value as remat's ``runtime=`` and the ``remat.jit`` options its suffixes add."""
+    import remat
+
+    base, *suffixes = runtime.split("+")
+    options: dict = {}
+    for suffix in suffixes:
+        if "+" + suffix == PRUNED:  # docs/api.md, "Recipe: less host time before the first kernel"
+            from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+            options["transforms"] = [PrunePrologueChecks()]
+        elif "+" + suffix == TRANSPOSED_CAT:
+            options["fusion"] = remat.FusionPolicy(transposed_cat=True)
+        else:
+            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {PRUNED}, {TRANSPOSED_CAT})")
+    return base, options
 
 
 def make(system: str, budget, module, runtime: str = "auto"):
@@ -148,11 +172,7 @@ def make(system: str, budget, module, runtime: str = "auto"):
         from remat.thunder import nvfuser
 
         nvfuser.clear_shared_definitions()  # each row's first call compiles its own kernels
-        options = {}
-        if runtime.endswith(PRUNED):  # docs/api.md, "Recipe: less host time before the first kernel"
-            from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
-
-            runtime, options = runtime[: -len(PRUNED)], {"transforms": [PrunePrologueChecks()]}
+        runtime, options = runtime_options(runtime)
         jitted = remat.jit(module, memory_budget="1B" if budget == "min" else budget, runtime=runtime, **options)
         return jitted, remat.executor_of(jitted)
     if system == "torch.compile":
@@ -217,7 +237,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
         record["step_tflop"] = result.step_flops / 1e12
         record["chosen"] = result.chosen
         record["notes"] = result.notes
-        if runtime.removesuffix(PRUNED) == "inductor-graph":
+        if runtime_options(runtime)[0] == "inductor-graph":
             record["graph_paths"] = graph_paths(fn)
     return record, grads, fn
 
@@ -589,8 +609,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
-                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffix +prune "
-                        "(Thunder's PrunePrologueChecks); several: each remat row once per runtime")
+                        help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffixes +prune "
+                        "(Thunder's PrunePrologueChecks) and +transposed-cat (FusionPolicy(transposed_cat=True)); several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)

@@ -76,7 +76,7 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
 #: the same budget with runtime="inductor-graph" (remat's forward and backward each one Inductor graph)
 GRAPH_AT_COMPILE_PEAK = "remat-graph@0.8x-torch.compile-peak"
-MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-nosplit", "remat-graph-prune", "remat-graph-thunderfx", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-transposed-cat", "remat-graph-nosplit", "remat-graph-prune", "remat-graph-thunderfx", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
 
 
 class WithLoss(torch.nn.Module):
@@ -135,6 +135,9 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
         return jitted, remat.executor_of(jitted)
     if mode == "remat-graph":  # issue 18: remat's planned forward and backward each one Inductor graph
         jitted = remat.jit(module, runtime="inductor-graph")
+        return jitted, remat.executor_of(jitted)
+    if mode == "remat-graph-transposed-cat":  # the graph runtime with attention's q, k, v gradients concatenated in their region (cpu_graph_traffic.py)
+        jitted = remat.jit(module, runtime="inductor-graph", fusion=remat.FusionPolicy(transposed_cat=True))
         return jitted, remat.executor_of(jitted)
     if mode == "remat-graph-nosplit":  # the graph runtime with Thunder's autograd glue in one Function (no meta randn either way)
         jitted = remat.jit(module, runtime="inductor-graph", thunderfx_disable_split_autograd=True)

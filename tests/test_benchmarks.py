@@ -413,3 +413,38 @@ def test_the_thunderfx_mode_compiles_forward_and_backward_as_remat_graphs_inside
     assert len(gpu_memory.graph_paths(fn)) == 2  # the record's graph_paths reads them through ThunderFX
     assert all(p.grad is not None for p in module.parameters())
     torch._dynamo.reset()
+
+
+def test_budget_runtime_suffixes_combine_and_an_unknown_one_is_refused():
+    """``gpu_budget.py --runtime inductor-graph+transposed-cat+prune``: remat's graph runtime with
+    ``FusionPolicy(transposed_cat=True)`` and Thunder's prologue pruning, a system of its own."""
+    import pytest
+
+    import remat.thunder  # noqa: F401  (the compat bridge, before Thunder is imported on torch 2.13)
+
+    gpu_budget = load_gpu_budget()
+    runtime, options = gpu_budget.runtime_options("inductor-graph" + gpu_budget.TRANSPOSED_CAT + gpu_budget.PRUNED)
+    assert runtime == "inductor-graph"
+    assert options["fusion"].transposed_cat and not options["fusion"].independent_parts
+    assert [type(t).__name__ for t in options["transforms"]] == ["PrunePrologueChecks"]
+    assert gpu_budget.runtime_options("auto") == ("auto", {})
+    with pytest.raises(ValueError, match=r"\+fast"):
+        gpu_budget.runtime_options("auto+fast")
+    record = dict(system="remat", runtime="inductor-graph" + gpu_budget.TRANSPOSED_CAT)
+    assert gpu_budget.variant(record) == "remat (inductor-graph+transposed-cat)"
+
+
+def test_traffic_diagnostic_reads_modes_with_budgets():
+    import argparse
+
+    import pytest
+
+    traffic = load_benchmark("cpu_graph_traffic")
+    assert traffic.parse_mode("remat-transposed-cat@100GiB") == ("remat-transposed-cat", "100GiB")
+    assert traffic.parse_mode("torch.compile") == ("torch.compile", None)
+    with pytest.raises(argparse.ArgumentTypeError, match="no budget"):
+        traffic.parse_mode("torch.compile@0.5")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown mode"):
+        traffic.parse_mode("remat-fast")
+    graph = {"kernels": [{"bytes": 3 * 2**20, "ops": ["add"]}, {"bytes": 2**19, "ops": ["mul"]}], "extern": [{"bytes": 2**21, "ops": ["mm"]}]}
+    assert traffic.summary(graph) == {"kernels": 2, "kernel_mib": 3.5, "extern": 1, "extern_mib": 2.0}
