@@ -428,13 +428,17 @@ def test_jit_inductor_training_step_matches_eager(family):
     ]
 
 
+@pytest.mark.parametrize("transposed_cat", [False, True], ids=["default", "transposed-cat"])
 @pytest.mark.parametrize("family", list(JIT_MODELS))
-def test_jit_inductor_graph_training_step_matches_eager(family):
-    """``runtime="inductor-graph"``: the planned forward and backward each one Inductor graph, none fell back."""
+def test_jit_inductor_graph_training_step_matches_eager(family, transposed_cat):
+    """``runtime="inductor-graph"``: the planned forward and backward each one Inductor graph, none fell back;
+    also with the qkv gradient's cat inside its region (``FusionPolicy(transposed_cat=True)``, the candidate
+    of benchmarks/cpu_graph_traffic.py)."""
     import thunder
 
     model, reference, idx = model_pair(family, seq=64)
-    jitted = remat.jit(model, runtime="inductor-graph")
+    fusion = remat.FusionPolicy(transposed_cat=True) if transposed_cat else None
+    jitted = remat.jit(model, runtime="inductor-graph", fusion=fusion)
     caught = trains_like_eager(jitted, model, reference, idx)
     assert not [str(w.message) for w in caught if "could not compile" in str(w.message) or issubclass(w.category, remat.OptimizationWarning)]
     assert remat.executor_of(jitted).last_result is not None
