@@ -76,7 +76,25 @@ RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one ru
 AT_COMPILE_PEAK = "remat@0.8x-torch.compile-peak"
 #: the same budget with runtime="inductor-graph" (remat's forward and backward each one Inductor graph)
 GRAPH_AT_COMPILE_PEAK = "remat-graph@0.8x-torch.compile-peak"
+#: ``remat-graph@<budget>``: the graph runtime with ``memory_budget=<budget>`` (a size such as ``10290MiB``,
+#: torch.compile's peak in an earlier run, or a fraction); any such mode is accepted besides ``MODES``
+#: and listed after them in the table (issue 15's contested point, profiled with ``gpu_profile.py``)
+GRAPH_AT_BUDGET = "remat-graph@"
 MODES = ("eager", "thunder", "remat", "remat-transposed-cat", "remat-independent-parts", "remat-thunder-attention", "remat-no-linear", "remat+cudagraphs", "remat-nosplit", "remat-inductor", "remat-nohost", "remat-inductor-nohost", "remat-value-copy", "remat-no-value-copy", "remat-graph", "remat-graph-transposed-cat", "remat-graph-nosplit", "remat-graph-prune", "remat-graph-thunderfx", "torch.compile", AT_COMPILE_PEAK, GRAPH_AT_COMPILE_PEAK, "thunder+linear", "thunder+linear+matmul")
+
+
+def ordered(modes: dict) -> list[str]:
+    """The modes of one table group in ``MODES`` order, then any others (``remat-graph@<budget>``) as measured."""
+    return [m for m in MODES if m in modes] + [m for m in modes if m not in MODES]
+
+
+def budget_of(mode: str) -> float | str:
+    """The budget of a ``remat-graph@<budget>`` mode: a fraction as a float, else the text (a size)."""
+    text = mode[len(GRAPH_AT_BUDGET) :]
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 class WithLoss(torch.nn.Module):
@@ -126,6 +144,9 @@ def make(mode: str, module: torch.nn.Module, compile_peak_mib: float | None = No
             raise ValueError(f"{mode} needs torch.compile measured first in the same run (put it before in --modes)")
         runtime = "inductor-graph" if mode == GRAPH_AT_COMPILE_PEAK else "auto"
         jitted = remat.jit(module, memory_budget=f"{int(0.8 * compile_peak_mib)}MiB", runtime=runtime)
+        return jitted, remat.executor_of(jitted)
+    if mode.startswith(GRAPH_AT_BUDGET):  # the graph runtime at a budget of its own (remat-graph@10290MiB, remat-graph@0.9)
+        jitted = remat.jit(module, memory_budget=budget_of(mode), runtime="inductor-graph")
         return jitted, remat.executor_of(jitted)
     if mode == "remat-nosplit":  # Thunder's autograd glue in one Function (a meta randn less each way)
         jitted = remat.jit(module, thunderfx_disable_split_autograd=True)
@@ -406,7 +427,7 @@ def render(path: str) -> str:
     for (model, layers, seq), modes in groups.items():
         thunder = modes.get("thunder", {})
         compiled = modes.get("torch.compile", {})
-        for mode in MODES:
+        for mode in ordered(modes):
             r = modes.get(mode)
             if r is None:
                 continue
@@ -430,7 +451,7 @@ def render(path: str) -> str:
             )
     notes = []
     for (model, layers, seq), modes in groups.items():
-        for remat_mode in [m for m in MODES if m.startswith("remat")]:
+        for remat_mode in [m for m in ordered(modes) if m.startswith("remat")]:
             r = modes.get(remat_mode)
             if r and "error" not in r:
                 notes.append(
@@ -444,7 +465,7 @@ def render(path: str) -> str:
                 )
     for (model, layers, seq), modes in groups.items():
         compiled = modes.get("torch.compile", {})
-        for mode in MODES:
+        for mode in ordered(modes):
             r = modes.get(mode)
             ratios = round_ratios(r, compiled) if r and mode != "torch.compile" and "error" not in r else None
             if ratios:

@@ -448,3 +448,14 @@ def test_traffic_diagnostic_reads_modes_with_budgets():
         traffic.parse_mode("remat-fast")
     graph = {"kernels": [{"bytes": 3 * 2**20, "ops": ["add"]}, {"bytes": 2**19, "ops": ["mul"]}], "extern": [{"bytes": 2**21, "ops": ["mm"]}]}
     assert traffic.summary(graph) == {"kernels": 2, "kernel_mib": 3.5, "extern": 1, "extern_mib": 2.0}
+
+
+def test_memory_benchmark_takes_the_graph_runtime_at_a_budget_of_its_own():
+    """``gpu_memory.py`` / ``gpu_profile.py --modes remat-graph@10290MiB``: the graph runtime at a given
+    budget (issue 15's contested point, torch.compile's peak), a mode besides ``MODES``, listed after them."""
+    gpu_memory = load_gpu_memory()
+    assert gpu_memory.budget_of("remat-graph@10290MiB") == "10290MiB"
+    assert gpu_memory.budget_of("remat-graph@0.9") == 0.9
+    modes = {"remat-graph@10290MiB": {}, "torch.compile": {}, "remat-graph": {}}
+    assert gpu_memory.ordered(modes) == ["remat-graph", "torch.compile", "remat-graph@10290MiB"]
+    assert gpu_memory.GRAPH_AT_COMPILE_PEAK in gpu_memory.MODES  # its own branch, before the general one
