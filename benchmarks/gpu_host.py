@@ -333,11 +333,11 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "gpu_host.jsonl"
-    module, params, idx, targets = build(args.model, args.layers, args.seq)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch)
     for mode in args.modes:
         gc.collect()
         torch.cuda.empty_cache()
-        record = dict(model=args.model, layers=args.layers, seq=args.seq, mode=mode, run=RUN, device=torch.cuda.get_device_name())
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, mode=mode, run=RUN, device=torch.cuda.get_device_name())
         try:
             fn, _executor = make(mode, module)
             timed_step(fn, params, idx, targets)  # compiles
@@ -388,6 +388,7 @@ def main() -> None:
     parser.add_argument("--model", default="stablecode-completion-alpha-3b")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--modes", nargs="+", default=["torch.compile", "thunder", "remat"])
     parser.add_argument("--out", default="gpu_host_out")
