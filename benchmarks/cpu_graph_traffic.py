@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--vocab", type=int, help="the vocabulary size (default: gpu_memory.py's, 512)")
+    parser.add_argument("--vocab", type=int, default=512, help="the vocabulary size (the loss and embedding paths at scale)")
     parser.add_argument("--modes", nargs="+", type=parse_mode, default=[parse_mode(m) for m in ("torch.compile", "remat", "remat-transposed-cat")])
     parser.add_argument("--kernels", action="store_true", help="print every kernel of every graph (bytes, aten ops)")
     parser.add_argument("--out", type=Path, help="a .jsonl file the records are appended to")
@@ -130,16 +130,7 @@ def main() -> None:
     torch._inductor.config.fx_graph_cache = False  # every mode compiles: a cache hit schedules nothing
     if hasattr(torch._functorch.config, "enable_autograd_cache"):
         torch._functorch.config.enable_autograd_cache = False
-    if args.vocab is None:
-        module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu", batch=args.batch)
-    else:  # a vocabulary of another size (gpu_memory.build's is 512): the loss and embedding paths at scale
-        from gpu_memory import WithLoss
-        from remat.models import litgpt_model
-
-        model, idx = litgpt_model(args.model, args.layers, args.seq, batch=args.batch, device="cpu", vocab=args.vocab)
-        module = WithLoss(model)
-        params = [p for p in module.parameters() if p.requires_grad]
-        targets = torch.randint(0, args.vocab, (args.batch, args.seq))
+    module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu", batch=args.batch, vocab=args.vocab)
     # the gradients' reference: the same model in float64 (eager bf16 on the CPU accumulates layer-norm
     # gradients in bf16: 0.17 off float64 for stablecode-3b's norm biases, where remat's are 4e-3 off)
     reference = copy.deepcopy(module).double()
@@ -151,7 +142,7 @@ def main() -> None:
         for p in params:
             p.grad = None
         fn = make(mode, budget, module)
-        record = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab or 512, mode=mode, budget=budget,
+        record = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab, mode=mode, budget=budget,
                       device="cpu", run=RUN)
         try:
             with recording_kernels() as graphs:

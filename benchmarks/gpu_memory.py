@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 import remat  # noqa: E402
 import remat.thunder  # noqa: E402,F401  (its compat bridge lets Thunder 0.2.6 import nvFuser >= 0.2.34)
-from remat.models import litgpt_model  # noqa: E402
+from remat.models import VOCAB, litgpt_model  # noqa: E402
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M", time.gmtime())  # one table group = one run: anchors and remat side by side
@@ -107,13 +107,13 @@ class WithLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
-def build(name: str, layers: int, seq: int, device: str = "cuda", batch: int = 1):
-    """The measured setup: a bf16 LitGPT config with vocab 512 and the loss inside, its trainable
-    parameters, and one batch of token ids and targets (seeded)."""
-    model, idx = litgpt_model(name, layers, seq, batch=batch, device=device)  # seed 0; idx drawn right after the weights
+def build(name: str, layers: int, seq: int, device: str = "cuda", batch: int = 1, vocab: int = VOCAB):
+    """The measured setup: a bf16 LitGPT config with vocab 512 (``vocab``) and the loss inside, its
+    trainable parameters, and one batch of token ids and targets (seeded)."""
+    model, idx = litgpt_model(name, layers, seq, batch=batch, device=device, vocab=vocab)  # seed 0; idx drawn right after the weights
     module = WithLoss(model)
     params = [p for p in module.parameters() if p.requires_grad]
-    targets = torch.randint(0, 512, (batch, seq), device=device)
+    targets = torch.randint(0, vocab, (batch, seq), device=device)
     return module, params, idx, targets
 
 
