@@ -29,8 +29,12 @@ and by Inductor (``remat.jit(..., runtime=...)``); the table, the checks and the
 one Inductor graph) is a third; its records say how each graph ran (``graph_paths``).  Any runtime with
 the suffix ``+prune`` (``inductor-graph+prune``) runs with Thunder's ``PrunePrologueChecks`` as well
 (docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again; the suffix
-``+transposed-cat`` with ``FusionPolicy(transposed_cat=True)`` (``cpu_graph_traffic.py`` says why); both
-combine (``inductor-graph+transposed-cat+prune``).
+``+transposed-cat`` with ``FusionPolicy(transposed_cat=True)`` (``cpu_graph_traffic.py`` says why), the
+suffix ``+aten-loss-gradient`` with ``FusionPolicy(loss_gradient=False)`` (the loss gradient as aten's op
+between regions, as before remat fused it); suffixes combine (``inductor-graph+transposed-cat+prune``).
+
+``--vocab V`` (default 512) sets the model's vocabulary: at a real one (32000) the logits, their float32
+log-softmax and its gradient set the peak at the start of the backward.
 
 ``--rounds R`` (default 1) fights the drift of the GPU over a sweep (clocks, temperature: torch.compile's
 0.9-0.6 budgets, one and the same partition, measured 80.6-82.7 ms in one H100 sweep): after every mode has
@@ -57,6 +61,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import dataclasses
 import json
 import math
 import statistics
@@ -76,11 +81,11 @@ EXTRA_COMPILE_FRACTIONS = (0.2, 0.0)
 ESTIMATE_TOLERANCE = 0.05  # issue 15: measured peak within 5% of remat's estimate
 
 
-def build(name: str, layers: int, seq: int, batch: int):
-    """gpu_memory's setup (bf16, vocab 512, loss inside, seed 0) at ``batch`` sequences."""
+def build(name: str, layers: int, seq: int, batch: int, vocab: int = 512):
+    """gpu_memory's setup (bf16, vocab 512 unless ``vocab``, loss inside, seed 0) at ``batch`` sequences."""
     from gpu_memory import build as build_setup
 
-    return build_setup(name, layers, seq, batch=batch)
+    return build_setup(name, layers, seq, batch=batch, vocab=vocab)
 
 
 #: remat rows given torch.compile's measured peak at these ``activation_memory_budget`` fractions as its
@@ -137,6 +142,9 @@ PRUNED = "+prune"
 #: concatenated in the region that computes them; fewer kernels and bytes under the graph runtime on the
 #: CPU, ``cpu_graph_traffic.py``).  Suffixes combine: ``inductor-graph+transposed-cat+prune``.
 TRANSPOSED_CAT = "+transposed-cat"
+#: A ``--runtime`` suffix: remat with ``FusionPolicy(loss_gradient=False)``, the loss gradient as aten's
+#: ``nll_loss_backward`` between regions (remat before it fused that gradient; matters at a real ``--vocab``).
+ATEN_LOSS_GRADIENT = "+aten-loss-gradient"
 
 
 def runtime_options(runtime: str) -> tuple[str, dict]:
@@ -151,9 +159,11 @@ def runtime_options(runtime: str) -> tuple[str, dict]:
 
             options["transforms"] = [PrunePrologueChecks()]
         elif "+" + suffix == TRANSPOSED_CAT:
-            options["fusion"] = remat.FusionPolicy(transposed_cat=True)
+            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), transposed_cat=True)
+        elif "+" + suffix == ATEN_LOSS_GRADIENT:
+            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=False)
         else:
-            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {PRUNED}, {TRANSPOSED_CAT})")
+            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {PRUNED}, {TRANSPOSED_CAT}, {ATEN_LOSS_GRADIENT})")
     return base, options
 
 
@@ -278,7 +288,7 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "gpu_budget.jsonl"
-    module, params, idx, targets = build(args.model, args.layers, args.seq, args.batch)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, args.batch, args.vocab)
     eager_grads = None
     started = time.perf_counter()
     compile_peaks: dict[str, float] = {}  # fraction (as text) -> torch.compile's measured peak, MiB
@@ -302,7 +312,7 @@ def run(args) -> None:
             print(json.dumps(dict(system=system, budget=budget, skipped=f"past --deadline {args.deadline:.0f} s")), flush=True)
             continue
         record = dict(
-            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, system=system, budget=budget,
+            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab, system=system, budget=budget,
             device=torch.cuda.get_device_name(), run=RUN, **allocator_settings(),
         )
         if budget_from is not None:
@@ -510,7 +520,7 @@ def render(records: list[dict], image: str | None) -> str:
     anchors = {r["system"]: r for r in records if r["system"] in ("eager", "thunder") and "peak_mib" in r}
     default = default_row(records)
     lines = [
-        f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab 512, bf16, loss inside; "
+        f"{first['model']}, {first['layers']} layers, batch {first['batch']}, seq {first['seq']}, vocab {first.get('vocab', 512)}, bf16, loss inside; "
         f"{first['device']}; " + _runs(records) + _rounds_note(records) + " remat's budget is a fraction of its default plan's "
         "estimated peak; torch.compile's is `activation_memory_budget` (a fraction of the saved bytes of its default "
         "partition). Peak = max allocated during the step minus allocated at its start (the weights); held = the "
@@ -610,10 +620,12 @@ def main() -> None:
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
                         help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffixes +prune "
-                        "(Thunder's PrunePrologueChecks) and +transposed-cat (FusionPolicy(transposed_cat=True)); several: each remat row once per runtime")
+                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)) and +aten-loss-gradient (FusionPolicy(loss_gradient=False)); "
+                        "several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=512, help="the model's vocabulary (default 512: logits small next to activations)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1,
                         help="after the sweep, time every mode again this many times in all (interleaved, in alternating order); "

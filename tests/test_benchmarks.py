@@ -428,6 +428,8 @@ def test_budget_runtime_suffixes_combine_and_an_unknown_one_is_refused():
     assert options["fusion"].transposed_cat and not options["fusion"].independent_parts
     assert [type(t).__name__ for t in options["transforms"]] == ["PrunePrologueChecks"]
     assert gpu_budget.runtime_options("auto") == ("auto", {})
+    _, options = gpu_budget.runtime_options("auto" + gpu_budget.ATEN_LOSS_GRADIENT + gpu_budget.TRANSPOSED_CAT)
+    assert options["fusion"].transposed_cat and not options["fusion"].loss_gradient  # suffixes add up
     with pytest.raises(ValueError, match=r"\+fast"):
         gpu_budget.runtime_options("auto+fast")
     record = dict(system="remat", runtime="inductor-graph" + gpu_budget.TRANSPOSED_CAT)

@@ -147,6 +147,12 @@ class FusionPolicy:
     backward at the bytes of qkv instead of saving qkv and recomputing the rotary embeddings (same saved
     bytes and estimated peak on LitGPT stablecode-3b and Llama-2-7b; measured on an H100, stablecode-3b
     x2: 10.64 against 10.84 ms a step, the same peak; docs/benchmarks.md).
+
+    ``loss_gradient`` (on by default): compute the gradient of ``nll_loss`` (``cross_entropy``'s last
+    step) from fusible ops (:func:`remat.thunder.fuse.decompose_loss_gradients`), so it joins the
+    log-softmax gradient's region instead of running as aten's op, which writes a zero-filled buffer of
+    the logits' size (float32) and scatters into it.  With a large vocabulary that buffer is alive where
+    the step has its peak, at the start of the backward; ``False`` keeps aten's op (Thunder's way).
     """
 
     linear: bool | str = False
@@ -156,12 +162,13 @@ class FusionPolicy:
     transposed_cat: bool = False
     independent_parts: bool = False
     attention_value_copy: bool = True
+    loss_gradient: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy", "loss_gradient"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 

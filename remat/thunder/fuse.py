@@ -38,6 +38,8 @@ its result.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from thunder.core import dtypes, prims
 from thunder.core.devices import DeviceType
@@ -146,6 +148,95 @@ def simplify(trace: TraceCtx) -> TraceCtx:
         simplified = dce(simplified)
     simplified.set_provenance(TraceProvenance(f"remat.simplify ({len(replaced)} casts that undo a widening)"))
     return simplified
+
+
+#: nll_loss's gradient: Thunder's symbol (a prim of ``thunder.torch``) and its torch executor's operator.
+NLL_LOSS_GRADIENT_KINDS = frozenset({"nll_loss_backward", "torch_nll_loss_backward_impl"})
+
+
+def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> list | None:
+    """The prims computing the gradient of ``nll_loss`` that ``bsym`` (``nll_loss_backward(g, a, target,
+    weight, reduction, ignore_index, total_weight)``) computes, the last one writing its output, or None
+    where its arguments are not the tensors and constants this covers.
+
+    What aten's kernel does, elementwise: the gradient is zero but at each target's class, where it is
+    ``-g`` (``-g / total_weight`` for ``"mean"``; ``-g[i]`` for ``"none"``), times the target's weight
+    (with ``weight``), and zero where the target is ``ignore_index``."""
+    if len(bsym.args) != 7 or bsym.kwargs:
+        return None
+    g, a, target, weight, reduction, ignore_index, total_weight = bsym.args
+    out = bsym.output
+    if not all(isinstance(t, TensorProxy) for t in (g, a, target, out)) or reduction not in ("none", "sum", "mean"):
+        return None
+    if not isinstance(ignore_index, int) or not dtypes.is_integer_dtype(target.dtype) or a.ndim != target.ndim + 1:
+        return None
+    if (weight is not None and not (isinstance(weight, TensorProxy) and weight.ndim == 1)) or (
+        reduction == "mean" and not isinstance(total_weight, TensorProxy)
+    ):
+        return None
+    if reduction == "none" and tuple(g.shape) != tuple(target.shape) or reduction != "none" and g.ndim != 0:
+        return None
+    class_dim = 1 if a.ndim >= 2 else 0
+    other_dims = tuple(d for d in range(a.ndim) if d != class_dim)
+    with tracectx(trace):
+        trace.push_scope([])
+        value = prims.convert_element_type(g, out.dtype) if g.dtype != out.dtype else g
+        if reduction == "mean":
+            value = prims.div(value, prims.convert_element_type(total_weight, out.dtype))
+        value = prims.neg(value)
+        if reduction != "none":  # one scalar for every target
+            value = prims.broadcast_in_dim(value, tuple(target.shape), ())
+        valid = prims.ne(target, ignore_index)
+        if weight is not None:  # the target's class weight; an ignored target reads class 0 and is zeroed below
+            index = prims.where(valid, target, 0)
+            flat_index = index if index.ndim == 1 else prims.reshape(index, (math.prod(target.shape),))
+            weights = prims.take(prims.convert_element_type(weight, out.dtype) if weight.dtype != out.dtype else weight, flat_index, 0)
+            if target.ndim != 1:
+                weights = prims.reshape(weights, tuple(target.shape))
+            value = prims.mul(value, weights)
+        zero = dtypes.dtype_to_numbertype(out.dtype)(0)
+        value = prims.where(valid, value, zero)
+        classes = prims.iota(a.shape[class_dim], start=0, step=1, device=a.device, dtype=target.dtype)
+        hit = prims.eq(
+            prims.broadcast_in_dim(classes, tuple(a.shape), (class_dim,)),
+            prims.broadcast_in_dim(target, tuple(a.shape), other_dims),
+        )
+        prims.where(hit, prims.broadcast_in_dim(value, tuple(a.shape), other_dims), zero)
+        ops = trace.pop_scope()
+    last = ops[-1]
+    ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): out}, skip_inputs=True, skip_output=False)
+    return ops
+
+
+def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
+    """``trace`` with each ``nll_loss_backward`` (the gradient of ``cross_entropy`` and ``nll_loss``)
+    replaced by fusible prims (:func:`_nll_loss_gradient_prims`): a comparison of each class index with
+    the target, selecting ``-g`` (scaled) or zero.  Exact: the same values as aten's kernel (one division
+    and one negation per target, as aten does).
+
+    Why: as one op, the gradient runs outside every region: aten fills a buffer of the logits' size with
+    zeros and scatters into it, and the log-softmax gradient's region reads that buffer back (twice).
+    As prims it joins that region, so the buffer is never written: one logits-sized float32 buffer fewer
+    alive at the start of the backward (where a model with a large vocabulary has its peak) and two
+    kernels fewer (torch.compile reaches the same by its ``scatter_upon_const_tensor`` pass).  The memory
+    model sees regions, so the estimate follows."""
+    if not any(op_kind(b) in NLL_LOSS_GRADIENT_KINDS for b in trace.bound_symbols):
+        return trace
+    result = from_trace(trace)
+    new_bsyms = []
+    count = 0
+    for bsym in trace.bound_symbols:
+        ops = _nll_loss_gradient_prims(result, bsym) if op_kind(bsym) in NLL_LOSS_GRADIENT_KINDS else None
+        if ops is None:
+            new_bsyms.append(bsym)
+            continue
+        new_bsyms.extend(ops)
+        count += 1
+    if not count:
+        return trace
+    result.bound_symbols = new_bsyms
+    result.set_provenance(TraceProvenance(f"remat.decompose_loss_gradients ({count} nll_loss gradients)"))
+    return result
 
 
 #: remat's attention operators and the position of their value operand (remat/thunder/attention.py)
@@ -329,6 +420,8 @@ def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecuto
         with thunder_context():
             trace = replace_uniform(trace)
     trace = simplify(trace)
+    if policy.loss_gradient:
+        trace = decompose_loss_gradients(trace)
     if policy.attention_value_copy:
         trace = copy_attention_values(trace)
 
