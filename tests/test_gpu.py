@@ -447,6 +447,44 @@ def test_jit_inductor_graph_training_step_matches_eager(family, transposed_cat):
         assert len(graphs) == 1 and graphs[0].path == "inductor", (graphs, remat.executor_of(jitted).graph_transform.notes)
 
 
+@pytest.mark.parametrize("runtime", ["nvfuser", "inductor-graph"])
+def test_loss_gradient_region_matches_eager(runtime):
+    """``FusionPolicy(loss_gradient=True)`` (the default): cross-entropy's gradient (the class comparison
+    with iota) runs in the log-softmax gradient's region, under nvFuser and in the graph runtime's
+    Inductor graph, with the gradients of eager's aten op (bf16 logits, float32 loss, ignored targets)."""
+    import thunder
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 1000, bias=False, device=DEVICE, dtype=torch.bfloat16)
+    hidden = torch.randn(2, 128, 64, device=DEVICE, dtype=torch.bfloat16)
+    target = torch.randint(0, 1000, (2 * 128,), device=DEVICE)
+    target[::5] = -100
+
+    def loss_fn(hidden):
+        return torch.nn.functional.cross_entropy(head(hidden).reshape(-1, 1000).float(), target)
+
+    def gradients(fn):
+        head.weight.grad = None
+        x = hidden.clone().requires_grad_()
+        loss = fn(x)
+        loss.backward()
+        return loss.detach(), x.grad, head.weight.grad.clone()
+
+    jitted = remat.jit(loss_fn, runtime=runtime)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = gradients(jitted)
+    for g, e in zip(got, gradients(loss_fn)):
+        assert relative_error(g, e) < 1e-2
+    trace = remat.executor_of(jitted).last_result.trace
+    assert not any("nll_loss_backward" in b.sym.name for b in trace.bound_symbols)
+    if runtime == "nvfuser":
+        assert_ran_on_nvfuser(region_runners(trace), caught)
+    else:
+        (graph,) = [b._call_ctx[b.sym.name] for b in thunder.last_backward_traces(jitted)[-1].bound_symbols if b.sym.name.startswith("remat_graph")]
+        assert graph.path == "inductor"
+
+
 def kv_cache_models(family: str, batch: int):
     model, reference, idx = model_pair(family, seq=32, batch=batch)
     for m in (model, reference):

@@ -29,6 +29,9 @@ Operations (:data:`OPS`; ``a``, ``b`` are value names, params in brackets)::
     where       torch.where(a > 0, a, b)                                        a b
     cast        a.to(dtype)                                                     a [dtype name]
     dropout     F.dropout(a, p, training=True)                                  a [p]
+    cross_entropy  F.cross_entropy over the last dim (classes), each row's        a [ignore_index]
+                target its argmax, reduction "none" (rank >= 2; a row whose
+                argmax is ignore_index gets no gradient)
 """
 
 from __future__ import annotations
@@ -88,10 +91,14 @@ _OTHER_TEMPLATES: dict[str, str] = {
     "where": "torch.where({a} > 0, {a}, {b}.to({a}.dtype))",
     "cast": "{a}.to(torch.{p0})",
     "dropout": "F.dropout({a}, {p0!r}, training=True)",
+    "cross_entropy": (
+        "F.cross_entropy({a}.reshape(-1, {a}.shape[-1]), {a}.reshape(-1, {a}.shape[-1]).argmax(-1), "
+        "reduction='none', ignore_index={p0}).reshape({a}.shape[:-1])"
+    ),
 }
 REDUCTION_OPS = ("sum", "mean", "amax", "var")
 SHAPE_OPS = ("permute", "transpose", "flatten", "merge", "unsqueeze", "expand", "slice")
-OTHER_OPS = ("scale", "cat", "softmax", "log_softmax", "layer_norm", "matmul", "linear", "where", "cast", "dropout")
+OTHER_OPS = ("scale", "cat", "softmax", "log_softmax", "layer_norm", "matmul", "linear", "where", "cast", "dropout", "cross_entropy")
 #: Every operation a program may use.
 OPS: tuple[str, ...] = (*UNARY_OPS, *BINARY_OPS, *REDUCTION_OPS, *SHAPE_OPS, *OTHER_OPS)
 _TEMPLATES = {**UNARY_OPS, **BINARY_OPS, **_OTHER_TEMPLATES}

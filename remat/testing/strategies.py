@@ -370,7 +370,7 @@ def programs(
                 continue
             if op == "var" and not any(d >= 2 for d in shape):
                 continue
-            if op in ("permute", "transpose", "merge") and rank < 2:
+            if op in ("permute", "transpose", "merge", "cross_entropy") and rank < 2:
                 continue
             if op == "flatten" and rank == 1:
                 continue
@@ -441,6 +441,8 @@ def programs(
             params = (draw(st.sampled_from([d for d in _CAST_DTYPES if _META_DTYPES[d] != a.dtype])),)
         elif op == "dropout":
             params = (draw(st.sampled_from([0.25, 0.5])),)
+        elif op == "cross_entropy":  # ignore_index: none of the classes, or class 0
+            params = (draw(st.sampled_from([-100, 0])),)
         spec = OpSpec(op, args, params)
         env[f"t{j}"] = apply_op(spec, [env[n] for n in args])
         op_specs.append(spec)
