@@ -449,9 +449,10 @@ def test_jit_inductor_graph_training_step_matches_eager(family, transposed_cat):
 
 @pytest.mark.parametrize("runtime", ["nvfuser", "inductor-graph"])
 def test_loss_gradient_region_matches_eager(runtime):
-    """``FusionPolicy(loss_gradient=True)`` (the default): cross-entropy's gradient (the class comparison
-    with iota) runs in the log-softmax gradient's region, under nvFuser and in the graph runtime's
-    Inductor graph, with the gradients of eager's aten op (bf16 logits, float32 loss, ignored targets)."""
+    """Cross-entropy's gradient as fusible ops (the class comparison with iota) runs in the log-softmax
+    gradient's region, in the graph runtime's Inductor graph (``FusionPolicy(loss_gradient="auto")``, the
+    default) and under nvFuser when asked for (``loss_gradient=True``; "auto" keeps aten's op there), with
+    the gradients of eager's aten op (bf16 logits, float32 loss, ignored targets)."""
     import thunder
 
     torch.manual_seed(0)
@@ -470,7 +471,8 @@ def test_loss_gradient_region_matches_eager(runtime):
         loss.backward()
         return loss.detach(), x.grad, head.weight.grad.clone()
 
-    jitted = remat.jit(loss_fn, runtime=runtime)
+    fusion = remat.FusionPolicy(loss_gradient=True) if runtime == "nvfuser" else None
+    jitted = remat.jit(loss_fn, runtime=runtime, fusion=fusion)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = gradients(jitted)

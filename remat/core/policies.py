@@ -148,11 +148,17 @@ class FusionPolicy:
     bytes and estimated peak on LitGPT stablecode-3b and Llama-2-7b; measured on an H100, stablecode-3b
     x2: 10.64 against 10.84 ms a step, the same peak; docs/benchmarks.md).
 
-    ``loss_gradient`` (on by default): compute the gradient of ``nll_loss`` (``cross_entropy``'s last
-    step) from fusible ops (:func:`remat.thunder.fuse.decompose_loss_gradients`), so it joins the
-    log-softmax gradient's region instead of running as aten's op, which writes a zero-filled buffer of
-    the logits' size (float32) and scatters into it.  With a large vocabulary that buffer is alive where
-    the step has its peak, at the start of the backward; ``False`` keeps aten's op (Thunder's way).
+    ``loss_gradient``: compute the gradient of ``nll_loss`` (``cross_entropy``'s last step) from fusible
+    ops (:func:`remat.thunder.fuse.decompose_loss_gradients`), so it joins the log-softmax gradient's
+    region instead of running as aten's op, which writes a zero-filled buffer of the logits' size
+    (float32) and scatters into it.  With a large vocabulary that buffer is alive where the step has its
+    peak, at the start of the backward.  ``"auto"`` (the default): wherever the regions do not run on
+    nvFuser.  Why not there: nvFuser 0.2.36 splits the region (the log-softmax recomputed, then its
+    gradient: reductions over the same rows one after the other) into kernels with buffers of the
+    logits' size between them, which the memory model does not see: measured on an H200 (Llama-2-7b x2,
+    batch 4, seq 8192, vocab 32000) the peak stayed at 15833 MiB where remat estimated 9833, while
+    Inductor's single kernel measured 9833 (docs/benchmarks.md).  ``True`` / ``False``: always / never
+    (``False`` is Thunder's way).
     """
 
     linear: bool | str = False
@@ -162,15 +168,22 @@ class FusionPolicy:
     transposed_cat: bool = False
     independent_parts: bool = False
     attention_value_copy: bool = True
-    loss_gradient: bool = True
+    loss_gradient: bool | str = "auto"
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy", "loss_gradient"):
+        if not (isinstance(self.loss_gradient, bool) or self.loss_gradient == "auto"):
+            raise TypeError(f"FusionPolicy.loss_gradient must be True, False or 'auto', got {self.loss_gradient!r}")
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
+
+    def fuses_loss_gradient(self, runtime: str) -> bool:
+        """Whether ``loss_gradient`` asks for the fused loss gradient where regions run on ``runtime``
+        (``"torch"``, ``"nvfuser"`` or ``"inductor"``)."""
+        return self.loss_gradient is True or (self.loss_gradient == "auto" and runtime != "nvfuser")
 
     def can_fuse_kind(self, kind: str) -> bool:
         if kind in NVFUSER_MATMUL_PRIMS:

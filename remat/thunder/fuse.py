@@ -420,7 +420,7 @@ def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecuto
         with thunder_context():
             trace = replace_uniform(trace)
     trace = simplify(trace)
-    if policy.loss_gradient:
+    if policy.fuses_loss_gradient(executor.runtime):
         trace = decompose_loss_gradients(trace)
     if policy.attention_value_copy:
         trace = copy_attention_values(trace)
