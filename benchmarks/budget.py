@@ -77,9 +77,16 @@ def milp_gaps(count: int) -> dict:
     )
 
 
-def llama_graph(layers: int):
-    model, idx = litgpt_model("Llama-2-7b-hf", layers, SEQ, batch=BATCH)  # bf16, vocab 512, on the meta device
-    fused = remat.fuse(remat.training_trace(model, idx))
+def llama_graph(layers: int, vocab: int = 512):
+    model, idx = litgpt_model("Llama-2-7b-hf", layers, SEQ, batch=BATCH, vocab=vocab)  # bf16, on the meta device
+    if vocab != 512:  # a real vocabulary: with the loss inside (gpu_memory.build's setup), where it sets the peak
+        from gpu_memory import WithLoss
+
+        model = WithLoss(model)
+        idx = (idx, idx.new_zeros(idx.shape))
+    else:
+        idx = (idx,)
+    fused = remat.fuse(remat.training_trace(model, *idx))
     return fused, remat.read_trace(fused)
 
 
@@ -98,8 +105,8 @@ def budget_rows(frontier: list) -> list[dict]:
     return rows
 
 
-def dense_frontier(layers: int) -> dict:
-    _, graph = llama_graph(layers)
+def dense_frontier(layers: int, vocab: int = 512) -> dict:
+    _, graph = llama_graph(layers, vocab)
     start = time.perf_counter()
     frontier = remat.pareto(graph)
     seconds = time.perf_counter() - start
@@ -113,6 +120,7 @@ def dense_frontier(layers: int) -> dict:
     monotone = all(b.extra_flops >= a.extra_flops and b.peak_bytes < a.peak_bytes for a, b in zip(frontier, frontier[1:]))
     return dict(
         layers=layers,
+        vocab=vocab,
         frontier=frontier,
         sweep=sweep,
         seconds=seconds,
@@ -150,7 +158,9 @@ def render_frontier(result: dict) -> list[str]:
     # reductions recomputed one at a time: real points, a few KiB apart)
     steps = sum(1 for a, b in zip(fr[:-1], fr[1:-1]) if a.peak_bytes - b.peak_bytes >= 0.01 * default.peak_bytes)
     lines = [
-        f"**Llama-2-7b-hf x{layers}, batch {BATCH}, seq {SEQ}** (step {step / 1e12:.1f} TFLOP): {len(fr)} frontier points "
+        f"**Llama-2-7b-hf x{layers}, batch {BATCH}, seq {SEQ}"
+        + (f", vocab {result['vocab']} with the loss inside" if result.get("vocab", 512) != 512 else "")
+        + f"** (step {step / 1e12:.1f} TFLOP): {len(fr)} frontier points "
         f"({interior} between the default and the minimum-memory plan: {interior / layers:.1f} per layer, target >= 2; "
         f"{steps} of them, {steps / layers:.1f} per layer, lower the peak by >= 1% of the default plan's), "
         f"{'monotone' if result['monotone'] else 'NOT monotone'}, found in {result['seconds']:.1f} s. The price sweep alone "
@@ -223,14 +233,18 @@ def main() -> None:
     parser.add_argument("--graphs", type=int, default=40)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--skip-32", action="store_true")
+    parser.add_argument("--vocab", type=int, default=512, help="the LitGPT frontiers' vocabulary; other than 512, with the loss inside "
+                        "(gpu_memory.build's setup) and printed only, not written")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    if args.write and args.vocab != 512:
+        parser.error("--write puts the vocab-512 tables into docs/benchmarks.md; print other vocabularies and quote them")
     print("... MILP comparison", file=sys.stderr, flush=True)
     gaps = milp_gaps(args.graphs)
     frontiers = []
     for layers in args.layers:
         print(f"... Llama-2-7b-hf x{layers} frontier", file=sys.stderr, flush=True)
-        frontiers.append(dense_frontier(layers))
+        frontiers.append(dense_frontier(layers, args.vocab))
     deep = None
     if not args.skip_32:
         print("... 32-layer budget search (tracing takes a few minutes)", file=sys.stderr, flush=True)
@@ -240,6 +254,7 @@ def main() -> None:
         + (f" --graphs {args.graphs}" if args.graphs != 40 else "")
         + (f" --layers {' '.join(map(str, args.layers))}" if args.layers != [2, 4] else "")
         + (" --skip-32" if args.skip_32 else "")
+        + (f" --vocab {args.vocab}" if args.vocab != 512 else "")
         + (" --write" if args.write else "")
     )
     markdown = render(gaps, frontiers, deep, command)

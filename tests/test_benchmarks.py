@@ -461,3 +461,17 @@ def test_memory_benchmark_takes_the_graph_runtime_at_a_budget_of_its_own():
     modes = {"remat-graph@10290MiB": {}, "torch.compile": {}, "remat-graph": {}}
     assert gpu_memory.ordered(modes) == ["remat-graph", "torch.compile", "remat-graph@10290MiB"]
     assert gpu_memory.GRAPH_AT_COMPILE_PEAK in gpu_memory.MODES  # its own branch, before the general one
+
+
+def test_budget_benchmark_prints_other_vocabularies_only(monkeypatch, capsys):
+    """``budget.py --vocab``: another vocabulary is printed, never written over the vocab-512 tables of
+    docs/benchmarks.md."""
+    import sys
+
+    import pytest
+
+    budget = load_benchmark("budget")
+    monkeypatch.setattr(sys, "argv", ["budget.py", "--vocab", "32000", "--write"])
+    with pytest.raises(SystemExit):
+        budget.main()
+    assert "--write puts the vocab-512 tables" in capsys.readouterr().err
