@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import remat  # noqa: E402
 from remat.core.plain import plain_graph  # noqa: E402
-from remat.models import litgpt_model  # noqa: E402
+from remat.models import VOCAB, litgpt_model  # noqa: E402
 from remat.core.memory import MemoryBudget  # noqa: E402
 from remat.planning.budget import PRICED_POLICY, choose, pareto, plan_for_budget  # noqa: E402
 from remat.planning.reference import milp_min_peak  # noqa: E402
@@ -77,9 +77,9 @@ def milp_gaps(count: int) -> dict:
     )
 
 
-def llama_graph(layers: int, vocab: int = 512):
+def llama_graph(layers: int, vocab: int = VOCAB):
     model, idx = litgpt_model("Llama-2-7b-hf", layers, SEQ, batch=BATCH, vocab=vocab)  # bf16, on the meta device
-    if vocab != 512:  # a real vocabulary: with the loss inside (gpu_memory.build's setup), where it sets the peak
+    if vocab != VOCAB:  # a real vocabulary: with the loss inside (gpu_memory.build's setup), where it sets the peak
         from gpu_memory import WithLoss
 
         model = WithLoss(model)
@@ -105,7 +105,7 @@ def budget_rows(frontier: list) -> list[dict]:
     return rows
 
 
-def dense_frontier(layers: int, vocab: int = 512) -> dict:
+def dense_frontier(layers: int, vocab: int = VOCAB) -> dict:
     _, graph = llama_graph(layers, vocab)
     start = time.perf_counter()
     frontier = remat.pareto(graph)
@@ -159,7 +159,7 @@ def render_frontier(result: dict) -> list[str]:
     steps = sum(1 for a, b in zip(fr[:-1], fr[1:-1]) if a.peak_bytes - b.peak_bytes >= 0.01 * default.peak_bytes)
     lines = [
         f"**Llama-2-7b-hf x{layers}, batch {BATCH}, seq {SEQ}"
-        + (f", vocab {result['vocab']} with the loss inside" if result.get("vocab", 512) != 512 else "")
+        + (f", vocab {result['vocab']} with the loss inside" if result.get("vocab", VOCAB) != VOCAB else "")
         + f"** (step {step / 1e12:.1f} TFLOP): {len(fr)} frontier points "
         f"({interior} between the default and the minimum-memory plan: {interior / layers:.1f} per layer, target >= 2; "
         f"{steps} of them, {steps / layers:.1f} per layer, lower the peak by >= 1% of the default plan's), "
@@ -233,11 +233,11 @@ def main() -> None:
     parser.add_argument("--graphs", type=int, default=40)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--skip-32", action="store_true")
-    parser.add_argument("--vocab", type=int, default=512, help="the LitGPT frontiers' vocabulary; other than 512, with the loss inside "
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="the LitGPT frontiers' vocabulary; other than 512, with the loss inside "
                         "(gpu_memory.build's setup) and printed only, not written")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    if args.write and args.vocab != 512:
+    if args.write and args.vocab != VOCAB:
         parser.error("--write puts the vocab-512 tables into docs/benchmarks.md; print other vocabularies and quote them")
     print("... MILP comparison", file=sys.stderr, flush=True)
     gaps = milp_gaps(args.graphs)
@@ -254,7 +254,7 @@ def main() -> None:
         + (f" --graphs {args.graphs}" if args.graphs != 40 else "")
         + (f" --layers {' '.join(map(str, args.layers))}" if args.layers != [2, 4] else "")
         + (" --skip-32" if args.skip_32 else "")
-        + (f" --vocab {args.vocab}" if args.vocab != 512 else "")
+        + (f" --vocab {args.vocab}" if args.vocab != VOCAB else "")
         + (" --write" if args.write else "")
     )
     markdown = render(gaps, frontiers, deep, command)

@@ -81,8 +81,8 @@ EXTRA_COMPILE_FRACTIONS = (0.2, 0.0)
 ESTIMATE_TOLERANCE = 0.05  # issue 15: measured peak within 5% of remat's estimate
 
 
-def build(name: str, layers: int, seq: int, batch: int, vocab: int = 512):
-    """gpu_memory's setup (bf16, vocab 512 unless ``vocab``, loss inside, seed 0) at ``batch`` sequences."""
+def build(name: str, layers: int, seq: int, batch: int, vocab: int):
+    """gpu_memory's setup (bf16, loss inside, seed 0) at ``batch`` sequences of a ``vocab``-token vocabulary."""
     from gpu_memory import build as build_setup
 
     return build_setup(name, layers, seq, batch=batch, vocab=vocab)
@@ -247,7 +247,7 @@ def measure(system: str, budget, module, params, idx, targets, steps: int, eager
         record["step_tflop"] = result.step_flops / 1e12
         record["chosen"] = result.chosen
         record["notes"] = result.notes
-        if runtime_options(runtime)[0] == "inductor-graph":
+        if runtime.split("+")[0] == "inductor-graph":  # the base runtime, without its suffixes
             record["graph_paths"] = graph_paths(fn)
     return record, grads, fn
 

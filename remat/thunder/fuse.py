@@ -177,43 +177,38 @@ def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> list | None:
     if (reduction == "none" and tuple(g.shape) != tuple(target.shape)) or (reduction != "none" and g.ndim != 0):
         return None
     class_dim = 1 if a.ndim >= 2 else 0
+    other_dims = tuple(d for d in range(a.ndim) if d != class_dim)
+    dtype = out.dtype
     with tracectx(trace):
         trace.push_scope([])
         try:
-            _write_nll_loss_gradient(g, a, target, weight, reduction, ignore_index, total_weight, out.dtype, class_dim)
-        finally:
+            value = prims.convert_element_type(g, dtype) if g.dtype != dtype else g
+            if reduction == "mean":
+                value = prims.div(value, prims.convert_element_type(total_weight, dtype))
+            value = prims.neg(value)
+            if reduction != "none":  # one scalar for every target
+                value = prims.broadcast_in_dim(value, tuple(target.shape), ())
+            valid = prims.ne(target, ignore_index)
+            if weight is not None:  # the target's class weight; an ignored target reads class 0 and is zeroed below
+                index = prims.where(valid, target, 0)
+                flat_index = index if index.ndim == 1 else prims.reshape(index, (math.prod(target.shape),))
+                weights = prims.take(prims.convert_element_type(weight, dtype) if weight.dtype != dtype else weight, flat_index, 0)
+                if target.ndim != 1:
+                    weights = prims.reshape(weights, tuple(target.shape))
+                value = prims.mul(value, weights)
+            zero = dtypes.dtype_to_numbertype(dtype)(0)
+            value = prims.where(valid, value, zero)
+            classes = prims.iota(a.shape[class_dim], start=0, step=1, device=a.device, dtype=target.dtype)
+            hit = prims.eq(
+                prims.broadcast_in_dim(classes, tuple(a.shape), (class_dim,)),
+                prims.broadcast_in_dim(target, tuple(a.shape), other_dims),
+            )
+            prims.where(hit, prims.broadcast_in_dim(value, tuple(a.shape), other_dims), zero)
+        finally:  # the scope is popped whatever happens: the trace stays usable for the op kept instead
             ops = trace.pop_scope()
     last = ops[-1]
     ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): out}, skip_inputs=True, skip_output=False)
     return ops
-
-
-def _write_nll_loss_gradient(g, a, target, weight, reduction: str, ignore_index: int, total_weight, dtype, class_dim: int) -> None:
-    """Records, in the current trace scope, the prims of :func:`_nll_loss_gradient_prims` (the last
-    one the gradient, of dtype ``dtype``)."""
-    other_dims = tuple(d for d in range(a.ndim) if d != class_dim)
-    value = prims.convert_element_type(g, dtype) if g.dtype != dtype else g
-    if reduction == "mean":
-        value = prims.div(value, prims.convert_element_type(total_weight, dtype))
-    value = prims.neg(value)
-    if reduction != "none":  # one scalar for every target
-        value = prims.broadcast_in_dim(value, tuple(target.shape), ())
-    valid = prims.ne(target, ignore_index)
-    if weight is not None:  # the target's class weight; an ignored target reads class 0 and is zeroed below
-        index = prims.where(valid, target, 0)
-        flat_index = index if index.ndim == 1 else prims.reshape(index, (math.prod(target.shape),))
-        weights = prims.take(prims.convert_element_type(weight, dtype) if weight.dtype != dtype else weight, flat_index, 0)
-        if target.ndim != 1:
-            weights = prims.reshape(weights, tuple(target.shape))
-        value = prims.mul(value, weights)
-    zero = dtypes.dtype_to_numbertype(dtype)(0)
-    value = prims.where(valid, value, zero)
-    classes = prims.iota(a.shape[class_dim], start=0, step=1, device=a.device, dtype=target.dtype)
-    hit = prims.eq(
-        prims.broadcast_in_dim(classes, tuple(a.shape), (class_dim,)),
-        prims.broadcast_in_dim(target, tuple(a.shape), other_dims),
-    )
-    prims.where(hit, prims.broadcast_in_dim(value, tuple(a.shape), other_dims), zero)
 
 
 def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
@@ -230,14 +225,14 @@ def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
     kernels fewer (torch.compile reaches the same by its ``scatter_upon_const_tensor`` pass).  The memory
     model sees regions, so the estimate follows, where one region runs as one kernel (Inductor); nvFuser
     splits this one, so :func:`fuse` applies it by ``FusionPolicy.loss_gradient`` and the runtime."""
-    if not any(op_kind(b) in NLL_LOSS_GRADIENT_KINDS for b in trace.bound_symbols):
-        return trace
-    result = from_trace(trace)
+    result = None  # made at the first gradient: a trace without one (most inference) costs one scan
     new_bsyms = []
     count = 0
     for bsym in trace.bound_symbols:
         ops = None
         if op_kind(bsym) in NLL_LOSS_GRADIENT_KINDS:
+            if result is None:
+                result = from_trace(trace)
             try:
                 ops = _nll_loss_gradient_prims(result, bsym)
             except Exception as exc:  # an argument Thunder's meta functions refuse: aten's op stays
