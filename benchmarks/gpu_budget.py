@@ -31,7 +31,9 @@ the suffix ``+prune`` (``inductor-graph+prune``) runs with Thunder's ``PruneProl
 (docs/api.md, "Recipe: less host time before the first kernel"), a system of its own again; the suffix
 ``+transposed-cat`` with ``FusionPolicy(transposed_cat=True)`` (``cpu_graph_traffic.py`` says why), the
 suffix ``+aten-loss-gradient`` with ``FusionPolicy(loss_gradient=False)`` (the loss gradient as aten's op
-between regions, as before remat fused it); suffixes combine (``inductor-graph+transposed-cat+prune``).
+between regions, as before remat fused it), the suffix ``+fused-loss-gradient`` with
+``FusionPolicy(loss_gradient=True)`` (fused on nvFuser too, where ``"auto"`` keeps aten's op); suffixes
+combine (``inductor-graph+transposed-cat+prune``).
 
 ``--vocab V`` (default 512) sets the model's vocabulary: at a real one (32000) the logits, their float32
 log-softmax and its gradient set the peak at the start of the backward.
@@ -145,6 +147,9 @@ TRANSPOSED_CAT = "+transposed-cat"
 #: A ``--runtime`` suffix: remat with ``FusionPolicy(loss_gradient=False)``, the loss gradient as aten's
 #: ``nll_loss_backward`` between regions (remat before it fused that gradient; matters at a real ``--vocab``).
 ATEN_LOSS_GRADIENT = "+aten-loss-gradient"
+#: A ``--runtime`` suffix: remat with ``FusionPolicy(loss_gradient=True)``, the loss gradient fused on every
+#: runtime (``"auto"``, the default, keeps aten's op where regions run on nvFuser).
+FUSED_LOSS_GRADIENT = "+fused-loss-gradient"
 
 
 def runtime_options(runtime: str) -> tuple[str, dict]:
@@ -162,8 +167,11 @@ def runtime_options(runtime: str) -> tuple[str, dict]:
             options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), transposed_cat=True)
         elif "+" + suffix == ATEN_LOSS_GRADIENT:
             options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=False)
+        elif "+" + suffix == FUSED_LOSS_GRADIENT:
+            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=True)
         else:
-            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {PRUNED}, {TRANSPOSED_CAT}, {ATEN_LOSS_GRADIENT})")
+            known = ", ".join((PRUNED, TRANSPOSED_CAT, ATEN_LOSS_GRADIENT, FUSED_LOSS_GRADIENT))
+            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {known})")
     return base, options
 
 
@@ -620,7 +628,7 @@ def main() -> None:
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
                         help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffixes +prune "
-                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)) and +aten-loss-gradient (FusionPolicy(loss_gradient=False)); "
+                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)), +aten-loss-gradient (FusionPolicy(loss_gradient=False)) and +fused-loss-gradient (loss_gradient=True); "
                         "several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)

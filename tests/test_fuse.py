@@ -263,6 +263,20 @@ def test_loss_gradient_joins_the_log_softmax_gradient_region(shape, reduction, w
     # the class comparison runs in the region that also computes the log-softmax gradient (its exp)
     (region,) = [b for b in trace.bound_symbols if b.sym.is_fusion and any(op_kind(s) == "iota" for s in b.subsymbols)]
     assert any(op_kind(s) == "exp" for s in region.subsymbols)
+    # and the log-softmax gradient does not sum it over the classes: that sum is the target's value,
+    # known, so the region has one reduction fewer (nvFuser splits a region at a reduction)
+    assert not [s for s in region.subsymbols if op_kind(s) == "sum" and one_hot_names(region) & {a.name for a in s.flat_proxy_args}]
+
+
+def one_hot_names(region) -> set[str]:
+    """The names, in ``region``, of the decomposed loss gradient (a selection by a class comparison) and
+    its copies."""
+    compared = {s.output.name for s in region.subsymbols if op_kind(s) == "eq"}
+    names = {s.output.name for s in region.subsymbols if op_kind(s) == "where" and s.args[0].name in compared}
+    for s in region.subsymbols:
+        if op_kind(s) == "shallow_copy" and s.args[0].name in names:
+            names.add(s.output.name)
+    return names
 
 
 def test_loss_gradient_is_bit_identical_to_atens():

@@ -154,10 +154,11 @@ def simplify(trace: TraceCtx) -> TraceCtx:
 NLL_LOSS_GRADIENT_KINDS = frozenset({"nll_loss_backward", "torch_nll_loss_backward_impl"})
 
 
-def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> list | None:
+def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> tuple[list, TensorProxy, int] | None:
     """The prims computing the gradient of ``nll_loss`` that ``bsym`` (``nll_loss_backward(g, a, target,
-    weight, reduction, ignore_index, total_weight)``) computes, the last one writing its output, or None
-    where its arguments are not the tensors and constants this covers.
+    weight, reduction, ignore_index, total_weight)``) computes, the last one writing its output, with the
+    value each target's class receives (target-shaped: the sum of the gradient over the class dimension)
+    and that dimension; or None where its arguments are not the tensors and constants this covers.
 
     What aten's kernel does, elementwise: the gradient is zero but at each target's class, where it is
     ``-g`` (``-g / total_weight`` for ``"mean"``; ``-g[i]`` for ``"none"``), times the target's weight
@@ -208,7 +209,24 @@ def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> list | None:
             ops = trace.pop_scope()
     last = ops[-1]
     ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): out}, skip_inputs=True, skip_output=False)
-    return ops
+    return ops, value, class_dim
+
+
+def _known_row_sum(bsym, one_hot: dict[str, tuple[TensorProxy, int]]) -> TensorProxy | None:
+    """The value of ``bsym`` when it sums a decomposed loss gradient (a name in ``one_hot``) over its
+    class dimension: each row holds one nonzero value at most, the target's, so the sum is that value
+    (exact: adding zeros changes no value; only a zero's sign may differ, where the value is -0.0)."""
+    if bsym.sym.id is not prims.PrimIDs.SUM or len(bsym.args) != 2 or bsym.kwargs.get("output_dtype") is not None:
+        return None
+    source, dims = bsym.args
+    known = one_hot.get(getattr(source, "name", None))
+    if known is None:
+        return None
+    value, class_dim = known
+    out = bsym.output
+    if tuple(dims) != (class_dim,) or not isinstance(out, TensorProxy) or out.dtype != value.dtype:
+        return None
+    return value if tuple(out.shape) == tuple(value.shape) else None
 
 
 def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
@@ -228,24 +246,41 @@ def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
     result = None  # made at the first gradient: a trace without one (most inference) costs one scan
     new_bsyms = []
     count = 0
+    one_hot: dict[str, tuple[TensorProxy, int]] = {}  # a decomposed gradient (or a copy) -> (row value, class dim)
+    replaced: dict = {}  # a row sum of one of them -> its row value
     for bsym in trace.bound_symbols:
-        ops = None
+        bsym = _swap(bsym, replaced)
+        decomposed = None
         if op_kind(bsym) in NLL_LOSS_GRADIENT_KINDS:
             if result is None:
                 result = from_trace(trace)
             try:
-                ops = _nll_loss_gradient_prims(result, bsym)
+                decomposed = _nll_loss_gradient_prims(result, bsym)
             except Exception as exc:  # an argument Thunder's meta functions refuse: aten's op stays
                 logger.info("kept nll_loss_backward as it is: %s: %s", type(exc).__name__, exc)
-        if ops is None:
+        elif one_hot:
+            row_value = _known_row_sum(bsym, one_hot)
+            if row_value is not None:
+                replaced[variableify(bsym.output)] = row_value
+                continue
+            if bsym.sym.id is prims.PrimIDs.SHALLOW_COPY and getattr(bsym.args[0], "name", None) in one_hot:
+                one_hot[bsym.output.name] = one_hot[bsym.args[0].name]
+        if decomposed is None:
             new_bsyms.append(bsym)
             continue
+        ops, row_value, class_dim = decomposed
         new_bsyms.extend(ops)
+        one_hot[bsym.output.name] = (row_value, class_dim)
         count += 1
     if not count:
         return trace
     result.bound_symbols = new_bsyms
-    result.set_provenance(TraceProvenance(f"remat.decompose_loss_gradients ({count} nll_loss gradients)"))
+    if replaced:  # the log-softmax gradient's row sum, read from the target's value instead
+        with thunder_context():
+            result = dce(result)
+    result.set_provenance(
+        TraceProvenance(f"remat.decompose_loss_gradients ({count} nll_loss gradients, {len(replaced)} row sums known)")
+    )
     return result
 
 
