@@ -333,3 +333,33 @@ def test_loss_gradient_is_type_checked():
     for value in (None, 1, "yes"):
         with pytest.raises(TypeError):
             remat.FusionPolicy(loss_gradient=value)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_target_reads_of_the_log_softmax_become_row_reductions(ignore_index):
+    """nll_loss reads each row's log-probability at its target by a gather (of a padded copy with Thunder's
+    default ignore_index); as a row reduction of the logits it joins the log-softmax's other reductions,
+    bit for bit (the same operations on the same values)."""
+    from remat.thunder.fuse import decompose_target_gathers
+
+    def loss_fn(x, target):
+        return torch.nn.functional.cross_entropy((x * 2.0).float(), target, ignore_index=ignore_index)
+
+    joint = remat.training_trace(loss_fn, torch.randn(12, 128, requires_grad=True), torch.randint(0, 128, (12,)))
+    rewritten = decompose_target_gathers(joint)
+    kinds = [op_kind(b) for b in rewritten.bound_symbols]
+    assert "take_along_axis" in [op_kind(b) for b in joint.bound_symbols]
+    assert "take_along_axis" not in kinds and "pad" not in kinds
+    assert assert_same_loss_and_grads(joint, rewritten) >= 2  # the loss and the input's gradient
+
+
+def test_a_gather_of_a_value_no_row_statistic_made_stays():
+    """A gather of an input (or of what pointwise ops make of it) reads one element a row: cheaper than
+    the row reduction, so it stays."""
+    from remat.thunder.fuse import decompose_target_gathers
+
+    def fn(x, index):
+        return torch.gather(x.exp(), 1, index).sum()
+
+    joint = remat.training_trace(fn, torch.randn(12, 128, requires_grad=True), torch.randint(0, 128, (12, 1)))
+    assert decompose_target_gathers(joint) is joint

@@ -49,7 +49,7 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 from thunder.core.transform_common import NON_FUNCTIONAL_OPS, dce
 
 from remat.core.layout import region_name
-from remat.core.ops import ALIASING_PRIMS, NEVER_RECOMPUTE_TAGS, SHAPE_ONLY_KINDS
+from remat.core.ops import ALIASING_PRIMS, NEVER_RECOMPUTE_TAGS, NVFUSER_ELEMENTWISE_PRIMS, SHAPE_ONLY_KINDS
 from remat.core.policies import FusionPolicy, check_policy
 from remat.core.storage import mutated_storage
 from remat._logging import logger, stage
@@ -281,6 +281,127 @@ def decompose_loss_gradients(trace: TraceCtx) -> TraceCtx:
     result.set_provenance(
         TraceProvenance(f"remat.decompose_loss_gradients ({count} nll_loss gradients, {len(replaced)} row sums known)")
     )
+    return result
+
+
+#: Elementwise prims a read at the targets passes through (:func:`_read_at_targets`): the same operation on
+#: the values read is the value the operation gives there, bit for bit.
+_READ_THROUGH = frozenset(NVFUSER_ELEMENTWISE_PRIMS) - {"clone", "shallow_copy"}
+_ROW_STATISTIC = object()  # a key of _read_at_targets' cache: whether the read passed a row-constant value
+
+
+def _read_at_targets(value: TensorProxy, index: TensorProxy, dim: int, producers: dict, cache: dict) -> TensorProxy:
+    """``value`` read at ``index`` along ``dim`` (``index`` of ``value``'s shape but 1 along ``dim``; every
+    entry a class, in range), recorded into the current trace scope.  Elementwise ops are read through
+    (the op applied to its operands' reads, a tensor broadcast along ``dim`` read as itself), so the read
+    reaches values that no reduction made; there each row's value at its target is the sum over ``dim`` of
+    the value where the class equals the target and zero elsewhere: a row reduction as a region's others
+    (no gather, no padded copy; exact, as one value plus zeros)."""
+    if value.name in cache:  # names are strings: no clash with _ROW_STATISTIC
+        return cache[value.name]
+    producer = producers.get(value.name)
+    kind = op_kind(producer) if producer is not None else None
+    shape = tuple(value.shape)
+    if kind == "shallow_copy":
+        read = _read_at_targets(producer.args[0], index, dim, producers, cache)
+    elif kind == "broadcast_in_dim" and isinstance(producer.args[0], TensorProxy) and (
+        dim not in producer.args[2] or producer.args[0].shape[list(producer.args[2]).index(dim)] == 1
+    ):
+        source, _, dims = producer.args[:3]
+        read = prims.broadcast_in_dim(source, tuple(index.shape), tuple(dims))
+        cache[_ROW_STATISTIC] = True  # a value constant along the row: what makes the gather worth replacing
+    elif (
+        kind in _READ_THROUGH
+        and not producer.kwargs
+        and all(tuple(a.shape) == shape for a in producer.args if isinstance(a, TensorProxy))
+        and any(isinstance(a, TensorProxy) for a in producer.args)
+    ):
+        args = [_read_at_targets(a, index, dim, producers, cache) if isinstance(a, TensorProxy) else a for a in producer.args]
+        read = producer.sym(*args)
+    else:
+        classes = prims.iota(shape[dim], start=0, step=1, device=value.device, dtype=index.dtype)
+        hit = prims.eq(
+            prims.broadcast_in_dim(classes, shape, (dim,)), prims.broadcast_in_dim(index, shape, tuple(range(len(shape))))
+        )
+        zero = dtypes.dtype_to_numbertype(value.dtype)(0)
+        row = prims.sum(prims.where(hit, value, zero), (dim,))
+        read = prims.broadcast_in_dim(row, tuple(index.shape), tuple(d for d in range(len(shape)) if d != dim))
+    cache[value.name] = read
+    return read
+
+
+def _target_gather_prims(trace: TraceCtx, bsym, producers: dict) -> list | None:
+    """The prims of :func:`_read_at_targets` for ``bsym``, a ``take_along_axis(x, index, dim)`` reading one
+    class per row (``index`` is 1 along ``dim``) of a value computed from a statistic of its row, as
+    Thunder's ``nll_loss`` reads the log-probabilities at the targets; ``x`` may be ``pad(y, 0, one more
+    class)``, where an ignored target points at the padded class and reads zero.  The last prim writes
+    ``bsym``'s output.  None for any other gather: reading a value no row statistic made costs a gather
+    of one element a row, cheaper than the row reduction."""
+    source, index, dim = bsym.args[:3] if len(bsym.args) >= 3 else (None, None, None)
+    if not (isinstance(source, TensorProxy) and isinstance(index, TensorProxy) and isinstance(dim, int)) or bsym.kwargs:
+        return None
+    if not dtypes.is_integer_dtype(index.dtype):
+        return None
+    value, padded = source, False
+    pad = producers.get(source.name)
+    if pad is not None and op_kind(pad) == "pad" and len(pad.args) == 3 and isinstance(pad.args[0], TensorProxy):
+        inner, pad_value, config = pad.args
+        expected = [(0, 1, 0) if d == dim else (0, 0, 0) for d in range(inner.ndim)]
+        if [tuple(c) for c in config] != expected or pad_value != 0:
+            return None
+        value, padded = inner, True
+    if tuple(index.shape) != tuple(1 if d == dim else n for d, n in enumerate(value.shape)):
+        return None
+    cache: dict = {}
+    with tracectx(trace):
+        trace.push_scope([])
+        try:
+            read = _read_at_targets(value, index, dim, producers, cache)
+            if padded:  # the padded class (an ignored target) reads the pad's zero
+                prims.where(prims.lt(index, value.shape[dim]), read, dtypes.dtype_to_numbertype(bsym.output.dtype)(0))
+        finally:
+            ops = trace.pop_scope()
+    if not cache.get(_ROW_STATISTIC):
+        return None
+    last = ops[-1]
+    ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): bsym.output}, skip_inputs=True, skip_output=False)
+    return ops
+
+
+def decompose_target_gathers(trace: TraceCtx) -> TraceCtx:
+    """``trace`` with each gather of :func:`_target_gather_prims` (``nll_loss``'s read of the
+    log-probabilities at the targets) computed as a row reduction instead: no logits-sized padded copy,
+    and no gather of a value computed from the row's own statistics (the log-softmax), which a region
+    that computes both would have to write out first."""
+    producers: dict = {}
+    result = None
+    new_bsyms = []
+    count = 0
+    for bsym in trace.bound_symbols:
+        ops = None
+        if op_kind(bsym) == "take_along_axis":
+            if result is None:
+                result = from_trace(trace)
+            try:
+                ops = _target_gather_prims(result, bsym, producers)
+            except Exception as exc:  # an argument Thunder's meta functions refuse: the gather stays
+                logger.info("kept take_along_axis as it is: %s: %s", type(exc).__name__, exc)
+        for out in bsym.flat_proxy_outs:
+            producers[out.name] = bsym
+        if ops is None:
+            new_bsyms.append(bsym)
+            continue
+        for op in ops:
+            for out in op.flat_proxy_outs:
+                producers[out.name] = op
+        new_bsyms.extend(ops)
+        count += 1
+    if not count:
+        return trace
+    result.bound_symbols = new_bsyms
+    with thunder_context():
+        result = dce(result)
+    result.set_provenance(TraceProvenance(f"remat.decompose_target_gathers ({count} gathers)"))
     return result
 
 
