@@ -353,6 +353,26 @@ def test_target_reads_of_the_log_softmax_become_row_reductions(ignore_index):
     assert assert_same_loss_and_grads(joint, rewritten) >= 2  # the loss and the input's gradient
 
 
+@pytest.mark.parametrize("shape, reduction, weighted, ignore_index", LOSS_CASES)
+def test_target_reads_train_like_eager(shape, reduction, weighted, ignore_index):
+    """``FusionPolicy(target_reads=True)``: the loss and its gradient as eager's (ignored targets among
+    them), with no gather or pad left in the trace remat runs."""
+
+    def loss_fn(x, target, weight):
+        loss = torch.nn.functional.cross_entropy(x, target, weight=weight, reduction=reduction, ignore_index=ignore_index)
+        return (loss * 3.0).sum()
+
+    inputs = loss_inputs(shape, weighted, ignore_index)
+    jitted = remat.jit(loss_fn, runtime="torch", fusion=remat.FusionPolicy(target_reads=True))
+    torch.testing.assert_close(jitted(inputs[0], *inputs[1:]), loss_fn(*inputs))
+    torch.testing.assert_close(loss_gradient(jitted, *inputs), loss_gradient(loss_fn, *inputs))
+    trace = remat.executor_of(jitted).last_result.trace
+    ops = [op_kind(s) for b in trace.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
+    assert "take_along_axis" not in ops and "pad" not in ops
+    with pytest.raises(TypeError):
+        remat.FusionPolicy(target_reads="auto")
+
+
 def test_a_gather_of_a_value_no_row_statistic_made_stays():
     """A gather of an input (or of what pointwise ops make of it) reads one element a row: cheaper than
     the row reduction, so it stays."""

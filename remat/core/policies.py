@@ -153,12 +153,23 @@ class FusionPolicy:
     region instead of running as aten's op, which writes a zero-filled buffer of the logits' size
     (float32) and scatters into it.  With a large vocabulary that buffer is alive where the step has its
     peak, at the start of the backward.  ``"auto"`` (the default): wherever the regions do not run on
-    nvFuser.  Why not there: nvFuser 0.2.36 splits the region (the log-softmax recomputed, then its
-    gradient: reductions over the same rows one after the other) into kernels with buffers of the
-    logits' size between them, which the memory model does not see: measured on an H200 (Llama-2-7b x2,
-    batch 4, seq 8192, vocab 32000) the peak stayed at 15833 MiB where remat estimated 9833, while
-    Inductor's single kernel measured 9833 (docs/benchmarks.md).  ``True`` / ``False``: always / never
-    (``False`` is Thunder's way).
+    nvFuser.  Why not there: measured on an H200 and an H100 (Llama-2-7b x2, batch 4, seq 8192, vocab
+    32000), the peak under nvFuser stayed at 15833 MiB where remat estimated 9833, while Inductor's
+    single kernel measured 9833 (docs/benchmarks.md).  The backward's region is not the cause (since
+    ``e00560e`` it has no reduction: the gradient's row sum is the target's value, known, and the H100
+    measured the same peak); the forward's is (see ``target_reads``).  ``True`` / ``False``: always /
+    never (``False`` is Thunder's way).
+
+    ``target_reads`` (off by default, not yet measured on a GPU): compute ``nll_loss``'s read of each
+    row's log-probability at its target as a row reduction of the logits
+    (:func:`remat.thunder.fuse.decompose_target_gathers`) instead of Thunder's gather from a padded copy
+    of the log-probabilities (exact).  Why: under nvFuser the measured peak of the fused loss gradient,
+    15832.88 MiB, is remat's estimate (9832.75) plus one float32 buffer of the logits' size and one of
+    the padded copy's (4000 + 4000.125 MiB, Llama-2-7b x2, batch 4, seq 8192, vocab 32000): to the byte
+    what nvFuser would write if it splits the forward's loss region at that gather of values computed
+    from the row's reductions (an inference from the figures, not yet seen in a profile).  As a
+    reduction beside the log-softmax's own, no such buffer is needed; nothing changes in remat's
+    estimate, which does not see inside regions.
     """
 
     linear: bool | str = False
@@ -169,6 +180,7 @@ class FusionPolicy:
     independent_parts: bool = False
     attention_value_copy: bool = True
     loss_gradient: bool | str = "auto"
+    target_reads: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
@@ -176,7 +188,7 @@ class FusionPolicy:
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
         if not (isinstance(self.loss_gradient, bool) or self.loss_gradient == "auto"):
             raise TypeError(f"FusionPolicy.loss_gradient must be True, False or 'auto', got {self.loss_gradient!r}")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy"):
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy", "target_reads"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 

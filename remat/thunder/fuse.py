@@ -586,6 +586,8 @@ def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecuto
         with thunder_context():
             trace = replace_uniform(trace)
     trace = simplify(trace)
+    if policy.target_reads:
+        trace = decompose_target_gathers(trace)
     if policy.fuses_loss_gradient(executor.runtime):
         trace = decompose_loss_gradients(trace)
     if policy.attention_value_copy:
