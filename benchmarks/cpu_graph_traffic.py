@@ -19,7 +19,9 @@ counts once; one it reads only in part counts whole), equal for both systems: co
 
 Modes: ``torch.compile`` (its default budget); ``remat`` (the graph runtime, remat's defaults);
 ``remat-transposed-cat`` (the same with ``FusionPolicy(transposed_cat=True)``: attention's q, k, v
-gradients concatenated inside the region that computes them); either remat mode with ``@BUDGET``
+gradients concatenated inside the region that computes them); ``remat-target-reads`` (with
+``FusionPolicy(target_reads=True)``: nll_loss's read at the targets as a row reduction; matters at a
+real ``--vocab``); any remat mode with ``@BUDGET``
 (``remat@100GiB``: the plan a budget above the default keeps).
 
     python benchmarks/cpu_graph_traffic.py --model Llama-2-7b-hf --seq 1024 \\
@@ -43,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 MIB = 2**20
 RUN = time.strftime("%Y-%m-%dT%H:%M")
-MODES = ("torch.compile", "remat", "remat-transposed-cat")
+MODES = ("torch.compile", "remat", "remat-transposed-cat", "remat-target-reads")
+#: remat modes and the fusion policy each runs with (None: remat's default)
+POLICIES = {"remat-transposed-cat": dict(transposed_cat=True), "remat-target-reads": dict(target_reads=True)}
 
 
 @contextlib.contextmanager
@@ -104,7 +108,7 @@ def make(mode: str, budget: str | None, module: torch.nn.Module):
 
     if mode == "torch.compile":
         return torch.compile(module)
-    fusion = remat.FusionPolicy(transposed_cat=True) if mode == "remat-transposed-cat" else None
+    fusion = remat.FusionPolicy(**POLICIES[mode]) if mode in POLICIES else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the graph runtime's note that a budget is planned, not bound
         return remat.jit(module, runtime="inductor-graph", memory_budget=budget, fusion=fusion)

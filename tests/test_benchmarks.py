@@ -446,6 +446,8 @@ def test_traffic_diagnostic_reads_modes_with_budgets():
     traffic = load_benchmark("cpu_graph_traffic")
     assert traffic.parse_mode("remat-transposed-cat@100GiB") == ("remat-transposed-cat", "100GiB")
     assert traffic.parse_mode("torch.compile") == ("torch.compile", None)
+    assert traffic.parse_mode("remat-target-reads@100GiB") == ("remat-target-reads", "100GiB")
+    assert traffic.POLICIES["remat-target-reads"] == {"target_reads": True}
     with pytest.raises(argparse.ArgumentTypeError, match="no budget"):
         traffic.parse_mode("torch.compile@0.5")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown mode"):
