@@ -161,3 +161,36 @@ def test_split_module_bridge_is_idempotent_and_skipped_where_not_needed(monkeypa
     assert needed.split_module is bridged  # not wrapped twice
 
     assert _compat.bridge_thunderfx_split_module(types.ModuleType("no_split_module")) is False
+
+
+def test_thunder_runs_dynamos_module_tagging_natively(monkeypatch):
+    """Once Dynamo has run, every new module is tagged in a weak-key dictionary of Dynamo's; a module built
+    inside traced code must not have Thunder's interpreter iterate that dictionary (a collection during
+    the iteration failed tracing twice in this suite: "dictionary changed size during iteration"), and
+    the module is still tagged, as outside Thunder."""
+    import thunder.core.interpreter as interpreter
+    from torch._dynamo import mutation_guard
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    thunder = _compat.import_thunder()
+    assert _compat.bridge_dynamo_generation_tagging() is False  # applied once, by import_thunder
+    mutation_guard.install_generation_tagging_init()  # what torch.compile does on its first run
+    iterations = []
+    populate = interpreter.populate_item_wrappers
+
+    def counting(wrapped):
+        if wrapped.value is GenerationTracker.generation_values.values:
+            iterations.append(wrapped)
+        return populate(wrapped)
+
+    monkeypatch.setattr(interpreter, "populate_item_wrappers", counting)
+    built = []
+
+    def fn(x):
+        module = torch.nn.Identity()
+        built.append(module)
+        return module(x).sin().sum()
+
+    thunder.jit(fn)(torch.randn(4, requires_grad=True))
+    assert len(built) == 1 and GenerationTracker.get_generation_value(built[0]) >= 0  # tagged
+    assert iterations == []

@@ -1,6 +1,6 @@
 """Environment bridges applied once, when remat first imports Thunder (``import remat.thunder``).
 
-Three facts of the pinned environment need a small bridge (see docs/design.md):
+Four facts of the pinned environment need a small bridge (see docs/design.md):
 
 * torch >= 2.12 removed the named-tensor methods ``Tensor.align_as``, ``align_to``, ``has_names``,
   ``refine_names`` and ``rename``.  lightning-thunder 0.2.6 lists them by attribute at import time
@@ -24,6 +24,17 @@ Three facts of the pinned environment need a small bridge (see docs/design.md):
   ``thunder.dynamo.splitter`` calls it, build plain graph modules again (lazy graph modules off for that
   call only), i.e. what torch 2.11 does.  It is applied only where a probe shows ``split_module``
   returning lazy pieces under dynamo's setting (a feature check: torch 2.11 fails it and is left alone).
+
+* Once Dynamo has run in a process (torch.compile, remat's Inductor runtimes), ``torch.nn.Module.__init__``
+  is patched to tag every new module in ``GenerationTracker.generation_values``, a dictionary keyed by
+  weak references (``torch/_dynamo/mutation_guard.py``).  A module built inside code Thunder traces has
+  Thunder's interpreter run that tagging, and its dictionary bookkeeping iterates the whole dictionary;
+  when a collection frees a tagged module mid-iteration, a weak reference's callback removes its entry
+  and tracing fails with "dictionary changed size during iteration" (seen twice in this project's test
+  suite, once in a ``training_trace``, once in a ``remat.jit`` of LitGPT's kv-cache path).  The bridge
+  gives Thunder's interpreter a lookaside for ``GenerationTracker.tag``: it runs natively, as it would
+  outside Thunder, and Thunder never iterates Dynamo's dictionary.  (A mitigation: the failure needs a
+  collection at the wrong moment and was never reproduced on purpose.)
 
 Every bridge is idempotent and does nothing where it is not needed.  ``import remat`` alone applies
 none: they come with the first use of something that needs Thunder (see :mod:`remat.thunder`).
@@ -157,6 +168,34 @@ def bridge_thunderfx_split_module(splitter: ModuleType | None = None) -> bool:
     return True
 
 
+dynamo_tagging_bridged = False
+
+
+def bridge_dynamo_generation_tagging() -> bool:
+    """Make Thunder's interpreter run Dynamo's ``GenerationTracker.tag`` natively (see the module's
+    docstring); True when the lookaside was registered by this call."""
+    global dynamo_tagging_bridged
+    if dynamo_tagging_bridged:
+        return False
+    try:
+        from thunder.core.interpreter import interpreter_needs_wrap
+        from thunder.core.jit_ext import register_general_jit_lookaside
+        from torch._dynamo.mutation_guard import GenerationTracker
+    except ImportError:  # another torch or Thunder: nothing to bridge
+        return False
+    # Thunder's interpreter calls a bound method as its function with ``self`` first, and looks the
+    # function up among lookasides: the classmethod's own function, called with the class
+    tag = GenerationTracker.tag.__func__
+
+    @register_general_jit_lookaside(tag)
+    @interpreter_needs_wrap
+    def native_tag(cls: type, obj: Any) -> None:
+        tag(cls, obj)
+
+    dynamo_tagging_bridged = True
+    return True
+
+
 def import_thunder() -> ModuleType:
     """Apply the bridges, then import Thunder without its notice about the optional TransformerEngine,
     then bridge ThunderFX (which needs Thunder imported)."""
@@ -167,6 +206,7 @@ def import_thunder() -> ModuleType:
         warnings.filterwarnings("ignore", message="transformer_engine module not found")
         import thunder
     bridge_thunderfx_split_module()
+    bridge_dynamo_generation_tagging()
     return thunder
 
 
