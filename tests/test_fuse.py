@@ -261,10 +261,12 @@ def test_loss_gradient_joins_the_log_softmax_gradient_region(shape, reduction, w
     trace = remat.executor_of(jitted).last_result.trace
     assert not any("nll_loss_backward" in op_kind(b) for b in trace.bound_symbols)
     # the class comparison runs in the region that also computes the log-softmax gradient (its exp)
-    (region,) = [b for b in trace.bound_symbols if b.sym.is_fusion and any(op_kind(s) == "iota" for s in b.subsymbols)]
+    # the last region comparing class indices (the forward's reads at the targets compare them too)
+    region = [b for b in trace.bound_symbols if b.sym.is_fusion and any(op_kind(s) == "iota" for s in b.subsymbols)][-1]
     assert any(op_kind(s) == "exp" for s in region.subsymbols)
     # and the log-softmax gradient does not sum it over the classes: that sum is the target's value,
     # known, so the region has one reduction fewer (nvFuser splits a region at a reduction)
+    assert one_hot_names(region)  # the decomposed gradient is in it
     assert not [s for s in region.subsymbols if op_kind(s) == "sum" and one_hot_names(region) & {a.name for a in s.flat_proxy_args}]
 
 
@@ -311,7 +313,7 @@ def test_loss_gradient_lowers_the_estimated_peak_by_a_logits_buffer():
 def test_loss_gradient_under_nvfuser_only_when_asked(monkeypatch, setting):
     """``"auto"`` (the default) keeps aten's op where regions run on nvFuser, whose kernels for the fused
     gradient hold buffers the memory model does not see (measured on an H200); ``True`` fuses it there
-    too.  Checked with the stand-in nvFuser (tests/fake_nvfuser.py), which computes the same gradients."""
+    too.  The same for ``target_reads``.  Checked with the stand-in nvFuser (tests/fake_nvfuser.py), which computes the same gradients."""
     import fake_nvfuser
 
     import remat.thunder.nvfuser
@@ -323,10 +325,13 @@ def test_loss_gradient_under_nvfuser_only_when_asked(monkeypatch, setting):
         return torch.nn.functional.cross_entropy(x, target, ignore_index=2)
 
     inputs = loss_inputs((12, 7), False, 2)
-    jitted = remat.jit(loss_fn, runtime="nvfuser", fusion=remat.FusionPolicy(loss_gradient=setting))
+    jitted = remat.jit(loss_fn, runtime="nvfuser", fusion=remat.FusionPolicy(loss_gradient=setting, target_reads=setting))
     torch.testing.assert_close(loss_gradient(jitted, *inputs), loss_gradient(loss_fn, *inputs))
     trace = remat.executor_of(jitted).last_result.trace
     assert any("nll_loss_backward" in op_kind(b) for b in trace.bound_symbols) == (setting == "auto")
+    # target_reads follows the same rule: the forward's gather stays under nvFuser unless asked
+    ops = [op_kind(s) for b in trace.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
+    assert ("take_along_axis" in ops) == (setting == "auto")
 
 
 def test_loss_gradient_is_type_checked():
@@ -370,7 +375,7 @@ def test_target_reads_train_like_eager(shape, reduction, weighted, ignore_index)
     ops = [op_kind(s) for b in trace.bound_symbols for s in (b.subsymbols if b.sym.is_fusion else [b])]
     assert "take_along_axis" not in ops and "pad" not in ops
     with pytest.raises(TypeError):
-        remat.FusionPolicy(target_reads="auto")
+        remat.FusionPolicy(target_reads="yes")
 
 
 def test_a_gather_of_a_value_no_row_statistic_made_stays():

@@ -160,7 +160,8 @@ class FusionPolicy:
     measured the same peak); the forward's is (see ``target_reads``).  ``True`` / ``False``: always /
     never (``False`` is Thunder's way).
 
-    ``target_reads`` (off by default, not yet measured on a GPU): compute ``nll_loss``'s read of each
+    ``target_reads`` (``"auto"`` by default: wherever the regions do not run on nvFuser, the rule of
+    ``loss_gradient``; not yet measured on a GPU): compute ``nll_loss``'s read of each
     row's log-probability at its target as a row reduction of the logits
     (:func:`remat.thunder.fuse.decompose_target_gathers`) instead of Thunder's gather from a padded copy
     of the log-probabilities (exact).  Why: under nvFuser the measured peak of the fused loss gradient,
@@ -169,7 +170,10 @@ class FusionPolicy:
     what nvFuser would write if it splits the forward's loss region at that gather of values computed
     from the row's reductions (an inference from the figures, not yet seen in a profile).  As a
     reduction beside the log-softmax's own, no such buffer is needed; nothing changes in remat's
-    estimate, which does not see inside regions.
+    estimate, which does not see inside regions.  Under Inductor the forward's loss then reads the logits
+    once instead of twice (the CPU count of ``cpu_graph_traffic.py``: Llama-2-7b x1, seq 256, vocab
+    32000, the forward's kernels 331.5 -> 315.9 MiB, as many kernels, the same gradients and peak), hence
+    ``"auto"``; under nvFuser it stays off until a GPU measures it (``True`` asks for it there).
     """
 
     linear: bool | str = False
@@ -180,22 +184,29 @@ class FusionPolicy:
     independent_parts: bool = False
     attention_value_copy: bool = True
     loss_gradient: bool | str = "auto"
-    target_reads: bool = False
+    target_reads: bool | str = "auto"
 
     def __post_init__(self) -> None:
         for field_name in ("linear", "matmul"):
             if getattr(self, field_name) not in (True, False, "auto"):
                 raise ValueError(f"FusionPolicy.{field_name} must be True, False or 'auto'")
-        if not (isinstance(self.loss_gradient, bool) or self.loss_gradient == "auto"):
-            raise TypeError(f"FusionPolicy.loss_gradient must be True, False or 'auto', got {self.loss_gradient!r}")
-        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy", "target_reads"):
+        for field_name in ("loss_gradient", "target_reads"):
+            value = getattr(self, field_name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise TypeError(f"FusionPolicy.{field_name} must be True, False or 'auto', got {value!r}")
+        for field_name in ("sdpa", "shape_only_regions", "transposed_cat", "independent_parts", "attention_value_copy"):
             if not isinstance(getattr(self, field_name), bool):
                 raise TypeError(f"FusionPolicy.{field_name} must be True or False, got {getattr(self, field_name)!r}")
 
     def fuses_loss_gradient(self, runtime: str) -> bool:
         """Whether ``loss_gradient`` asks for the fused loss gradient where regions run on ``runtime``
         (``"torch"``, ``"nvfuser"`` or ``"inductor"``)."""
-        return self.loss_gradient is True or (self.loss_gradient == "auto" and runtime != "nvfuser")
+        return _auto_except_nvfuser(self.loss_gradient, runtime)
+
+    def reads_targets_by_reduction(self, runtime: str) -> bool:
+        """Whether ``target_reads`` asks for ``nll_loss``'s reads at the targets as row reductions where
+        regions run on ``runtime``."""
+        return _auto_except_nvfuser(self.target_reads, runtime)
 
     def can_fuse_kind(self, kind: str) -> bool:
         if kind in NVFUSER_MATMUL_PRIMS:
@@ -203,6 +214,12 @@ class FusionPolicy:
         if kind in NVFUSER_FUSIBLE_PRIMS:
             return True
         return self.sdpa and is_attention(kind)
+
+
+def _auto_except_nvfuser(setting: bool | str, runtime: str) -> bool:
+    """``True``/``False`` as they are; ``"auto"``: on wherever regions do not run on nvFuser, whose
+    kernels for the loss's regions were measured to hold buffers the memory model does not see."""
+    return setting is True or (setting == "auto" and runtime != "nvfuser")
 
 
 def check_policy(value: object, cls: type, keyword: str) -> None:

@@ -586,7 +586,7 @@ def _form_regions(trace: TraceCtx, policy: FusionPolicy, executor: RegionExecuto
         with thunder_context():
             trace = replace_uniform(trace)
     trace = simplify(trace)
-    if policy.target_reads:
+    if policy.reads_targets_by_reduction(executor.runtime):
         trace = decompose_target_gathers(trace)
     if policy.fuses_loss_gradient(executor.runtime):
         trace = decompose_loss_gradients(trace)
