@@ -34,7 +34,8 @@ suffix ``+aten-loss-gradient`` with ``FusionPolicy(loss_gradient=False)`` (the l
 between regions, as before remat fused it), the suffix ``+fused-loss-gradient`` with
 ``FusionPolicy(loss_gradient=True)`` (fused on nvFuser too, where ``"auto"`` keeps aten's op), the suffix
 ``+target-reads`` with ``FusionPolicy(target_reads=True)`` (nll_loss's read at the targets as a row
-reduction); suffixes combine (``inductor-graph+transposed-cat+prune``).
+reduction; the default ``"auto"`` does it except under nvFuser), ``+gathered-targets`` with
+``target_reads=False`` (Thunder's gather); suffixes combine (``inductor-graph+transposed-cat+prune``).
 
 ``--vocab V`` (default 512) sets the model's vocabulary: at a real one (32000) the logits, their float32
 log-softmax and its gradient set the peak at the start of the backward.
@@ -154,6 +155,8 @@ FUSED_LOSS_GRADIENT = "+fused-loss-gradient"
 #: A ``--runtime`` suffix: remat with ``FusionPolicy(target_reads=True)``, nll_loss's read of the
 #: log-probabilities at the targets as a row reduction, not a gather from a padded copy.
 TARGET_READS = "+target-reads"
+#: A ``--runtime`` suffix: remat with ``FusionPolicy(target_reads=False)``, Thunder's gather from a padded copy.
+GATHERED_TARGETS = "+gathered-targets"
 
 
 def runtime_options(runtime: str) -> tuple[str, dict]:
@@ -175,8 +178,10 @@ def runtime_options(runtime: str) -> tuple[str, dict]:
             options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=True)
         elif "+" + suffix == TARGET_READS:
             options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), target_reads=True)
+        elif "+" + suffix == GATHERED_TARGETS:
+            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), target_reads=False)
         else:
-            known = ", ".join((PRUNED, TRANSPOSED_CAT, ATEN_LOSS_GRADIENT, FUSED_LOSS_GRADIENT, TARGET_READS))
+            known = ", ".join((PRUNED, TRANSPOSED_CAT, ATEN_LOSS_GRADIENT, FUSED_LOSS_GRADIENT, TARGET_READS, GATHERED_TARGETS))
             raise ValueError(f"unknown --runtime suffix +{suffix} (known: {known})")
     return base, options
 
@@ -634,7 +639,7 @@ def main() -> None:
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
                         help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffixes +prune "
-                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)), +aten-loss-gradient (FusionPolicy(loss_gradient=False)), +fused-loss-gradient (loss_gradient=True) and +target-reads (target_reads=True); "
+                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)), +aten-loss-gradient (FusionPolicy(loss_gradient=False)), +fused-loss-gradient (loss_gradient=True), +target-reads (target_reads=True) and +gathered-targets (target_reads=False); "
                         "several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)

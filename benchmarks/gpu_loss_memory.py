@@ -10,7 +10,7 @@ the measured peak, the forward's peak, remat's estimate, the median step time of
 the largest blocks alive at the peak with the frames that allocated them (Thunder's generated code names
 the region; the traces are written next to the records, ``<runtime>_fw.py`` / ``_bw.py``).
 
-    source .gpu/activate.sh; python benchmarks/gpu_loss_memory.py --runtime auto+fused-loss-gradient auto+fused-loss-gradient+target-reads inductor-graph inductor-graph+target-reads --out $OUT
+    source .gpu/activate.sh; python benchmarks/gpu_loss_memory.py --runtime auto+fused-loss-gradient auto+fused-loss-gradient+target-reads inductor-graph+gathered-targets inductor-graph --out $OUT
 
 Records go to ``--out/gpu_loss_memory.jsonl``.  A diagnostic: its figures are quoted in
 docs/benchmarks.md with this command.

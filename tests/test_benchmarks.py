@@ -432,6 +432,7 @@ def test_budget_runtime_suffixes_combine_and_an_unknown_one_is_refused():
     assert options["fusion"].transposed_cat and not options["fusion"].loss_gradient  # suffixes add up
     fusion = gpu_budget.runtime_options("auto" + gpu_budget.FUSED_LOSS_GRADIENT + gpu_budget.TARGET_READS)[1]["fusion"]
     assert fusion.loss_gradient is True and fusion.target_reads
+    assert gpu_budget.runtime_options("inductor-graph" + gpu_budget.GATHERED_TARGETS)[1]["fusion"].target_reads is False
     with pytest.raises(ValueError, match=r"\+fast"):
         gpu_budget.runtime_options("auto+fast")
     record = dict(system="remat", runtime="inductor-graph" + gpu_budget.TRANSPOSED_CAT)
