@@ -157,6 +157,14 @@ FUSED_LOSS_GRADIENT = "+fused-loss-gradient"
 TARGET_READS = "+target-reads"
 #: A ``--runtime`` suffix: remat with ``FusionPolicy(target_reads=False)``, Thunder's gather from a padded copy.
 GATHERED_TARGETS = "+gathered-targets"
+#: The suffixes that set a ``FusionPolicy`` field, and what they set (they add up, the last one winning)
+FUSION_SUFFIXES = {
+    TRANSPOSED_CAT: {"transposed_cat": True},
+    ATEN_LOSS_GRADIENT: {"loss_gradient": False},
+    FUSED_LOSS_GRADIENT: {"loss_gradient": True},
+    TARGET_READS: {"target_reads": True},
+    GATHERED_TARGETS: {"target_reads": False},
+}
 
 
 def runtime_options(runtime: str) -> tuple[str, dict]:
@@ -165,24 +173,15 @@ def runtime_options(runtime: str) -> tuple[str, dict]:
 
     base, *suffixes = runtime.split("+")
     options: dict = {}
-    for suffix in suffixes:
-        if "+" + suffix == PRUNED:  # docs/api.md, "Recipe: less host time before the first kernel"
+    for suffix in ("+" + s for s in suffixes):
+        if suffix == PRUNED:  # docs/api.md, "Recipe: less host time before the first kernel"
             from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
 
             options["transforms"] = [PrunePrologueChecks()]
-        elif "+" + suffix == TRANSPOSED_CAT:
-            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), transposed_cat=True)
-        elif "+" + suffix == ATEN_LOSS_GRADIENT:
-            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=False)
-        elif "+" + suffix == FUSED_LOSS_GRADIENT:
-            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), loss_gradient=True)
-        elif "+" + suffix == TARGET_READS:
-            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), target_reads=True)
-        elif "+" + suffix == GATHERED_TARGETS:
-            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), target_reads=False)
+        elif suffix in FUSION_SUFFIXES:
+            options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), **FUSION_SUFFIXES[suffix])
         else:
-            known = ", ".join((PRUNED, TRANSPOSED_CAT, ATEN_LOSS_GRADIENT, FUSED_LOSS_GRADIENT, TARGET_READS, GATHERED_TARGETS))
-            raise ValueError(f"unknown --runtime suffix +{suffix} (known: {known})")
+            raise ValueError(f"unknown --runtime suffix {suffix} (known: {', '.join((PRUNED, *FUSION_SUFFIXES))})")
     return base, options
 
 

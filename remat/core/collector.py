@@ -8,10 +8,6 @@ Llama-2-7b trace one took 0.6-1.0 s, and a ``remat.optimize(..., memory_budget=0
 of them.  Planning makes next to no cyclic garbage, so the collector is paused for the duration of a
 search (and of :func:`remat.optimize`) and restored after: objects freed by reference counting go at
 once, as always; cycles made meanwhile are collected once it runs again.
-
-:func:`remat.training_trace` pauses it too while Thunder traces: there a collection once freed a key of a
-weak-key dictionary Thunder's interpreter was iterating (docs/testing.md, the flake of the eighth
-session).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ from thunder.core import prims
 from thunder.core.trace import TraceCtx, from_trace
 
 from remat._logging import stage
-from remat.core.collector import collector_paused
 from remat.errors import NoBackwardError, TraceCaptureError
 from remat.thunder.attention import attention_executor
 from remat.thunder.regions import ClaimingExecutor
@@ -128,10 +127,7 @@ def training_trace(
         with stage("trace") as tracing, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                # with the cyclic collector paused: a collection during tracing once freed a key of a
-                # weak-key dictionary of Dynamo's that Thunder's interpreter was iterating ("dictionary
-                # changed size during iteration", docs/testing.md); tracing is also 2-5% faster so
-                collector_paused(jitted)(*example_args, **example_kwargs)
+                jitted(*example_args, **example_kwargs)
             except _Captured:
                 tracing.detail = f"{len(capture.captured.bound_symbols)} symbols"
     except Exception as exc:  # Thunder's own errors: report the cause, not a deep traceback alone

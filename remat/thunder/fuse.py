@@ -39,6 +39,8 @@ its result.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from thunder.core import dtypes, prims
@@ -154,6 +156,28 @@ def simplify(trace: TraceCtx) -> TraceCtx:
 NLL_LOSS_GRADIENT_KINDS = frozenset({"nll_loss_backward", "torch_nll_loss_backward_impl"})
 
 
+def _recorded_in_place_of(trace: TraceCtx, output: TensorProxy, build: Callable[[], Any]) -> tuple[list, Any]:
+    """The prims ``build()`` records into ``trace``, the last one renamed to write ``output`` (the output
+    of the op they replace), and what ``build`` returned.  The scope is popped whatever happens, so the
+    trace stays usable for the op kept where ``build`` fails."""
+    with tracectx(trace):
+        trace.push_scope([])
+        try:
+            returned = build()
+        finally:
+            ops = trace.pop_scope()
+    last = ops[-1]
+    ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): output}, skip_inputs=True, skip_output=False)
+    return ops, returned
+
+
+def _class_hit(shape: tuple, class_dim: int, target: TensorProxy, target_dims: tuple, device) -> TensorProxy:
+    """Where, in a tensor of ``shape``, the class index along ``class_dim`` equals ``target`` (broadcast
+    along ``target_dims``): the comparison both loss decompositions select by."""
+    classes = prims.iota(shape[class_dim], start=0, step=1, device=device, dtype=target.dtype)
+    return prims.eq(prims.broadcast_in_dim(classes, shape, (class_dim,)), prims.broadcast_in_dim(target, shape, target_dims))
+
+
 def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> tuple[list, TensorProxy, int] | None:
     """The prims computing the gradient of ``nll_loss`` that ``bsym`` (``nll_loss_backward(g, a, target,
     weight, reduction, ignore_index, total_weight)``) computes, the last one writing its output, with the
@@ -180,35 +204,29 @@ def _nll_loss_gradient_prims(trace: TraceCtx, bsym) -> tuple[list, TensorProxy, 
     class_dim = 1 if a.ndim >= 2 else 0
     other_dims = tuple(d for d in range(a.ndim) if d != class_dim)
     dtype = out.dtype
-    with tracectx(trace):
-        trace.push_scope([])
-        try:
-            value = prims.convert_element_type(g, dtype) if g.dtype != dtype else g
-            if reduction == "mean":
-                value = prims.div(value, prims.convert_element_type(total_weight, dtype))
-            value = prims.neg(value)
-            if reduction != "none":  # one scalar for every target
-                value = prims.broadcast_in_dim(value, tuple(target.shape), ())
-            valid = prims.ne(target, ignore_index)
-            if weight is not None:  # the target's class weight; an ignored target reads class 0 and is zeroed below
-                index = prims.where(valid, target, 0)
-                flat_index = index if index.ndim == 1 else prims.reshape(index, (math.prod(target.shape),))
-                weights = prims.take(prims.convert_element_type(weight, dtype) if weight.dtype != dtype else weight, flat_index, 0)
-                if target.ndim != 1:
-                    weights = prims.reshape(weights, tuple(target.shape))
-                value = prims.mul(value, weights)
-            zero = dtypes.dtype_to_numbertype(dtype)(0)
-            value = prims.where(valid, value, zero)
-            classes = prims.iota(a.shape[class_dim], start=0, step=1, device=a.device, dtype=target.dtype)
-            hit = prims.eq(
-                prims.broadcast_in_dim(classes, tuple(a.shape), (class_dim,)),
-                prims.broadcast_in_dim(target, tuple(a.shape), other_dims),
-            )
-            prims.where(hit, prims.broadcast_in_dim(value, tuple(a.shape), other_dims), zero)
-        finally:  # the scope is popped whatever happens: the trace stays usable for the op kept instead
-            ops = trace.pop_scope()
-    last = ops[-1]
-    ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): out}, skip_inputs=True, skip_output=False)
+
+    def build() -> TensorProxy:
+        value = prims.convert_element_type(g, dtype) if g.dtype != dtype else g
+        if reduction == "mean":
+            value = prims.div(value, prims.convert_element_type(total_weight, dtype))
+        value = prims.neg(value)
+        if reduction != "none":  # one scalar for every target
+            value = prims.broadcast_in_dim(value, tuple(target.shape), ())
+        valid = prims.ne(target, ignore_index)
+        if weight is not None:  # the target's class weight; an ignored target reads class 0 and is zeroed below
+            index = prims.where(valid, target, 0)
+            flat_index = index if index.ndim == 1 else prims.reshape(index, (math.prod(target.shape),))
+            weights = prims.take(prims.convert_element_type(weight, dtype) if weight.dtype != dtype else weight, flat_index, 0)
+            if target.ndim != 1:
+                weights = prims.reshape(weights, tuple(target.shape))
+            value = prims.mul(value, weights)
+        zero = dtypes.dtype_to_numbertype(dtype)(0)
+        value = prims.where(valid, value, zero)
+        hit = _class_hit(tuple(a.shape), class_dim, target, other_dims, a.device)
+        prims.where(hit, prims.broadcast_in_dim(value, tuple(a.shape), other_dims), zero)
+        return value
+
+    ops, value = _recorded_in_place_of(trace, out, build)
     return ops, value, class_dim
 
 
@@ -319,10 +337,7 @@ def _read_at_targets(value: TensorProxy, index: TensorProxy, dim: int, producers
         args = [_read_at_targets(a, index, dim, producers, cache) if isinstance(a, TensorProxy) else a for a in producer.args]
         read = producer.sym(*args)
     else:
-        classes = prims.iota(shape[dim], start=0, step=1, device=value.device, dtype=index.dtype)
-        hit = prims.eq(
-            prims.broadcast_in_dim(classes, shape, (dim,)), prims.broadcast_in_dim(index, shape, tuple(range(len(shape))))
-        )
+        hit = _class_hit(shape, dim, index, tuple(range(len(shape))), value.device)
         zero = dtypes.dtype_to_numbertype(value.dtype)(0)
         row = prims.sum(prims.where(hit, value, zero), (dim,))
         read = prims.broadcast_in_dim(row, tuple(index.shape), tuple(d for d in range(len(shape)) if d != dim))
@@ -353,19 +368,14 @@ def _target_gather_prims(trace: TraceCtx, bsym, producers: dict) -> list | None:
     if tuple(index.shape) != tuple(1 if d == dim else n for d, n in enumerate(value.shape)):
         return None
     cache: dict = {}
-    with tracectx(trace):
-        trace.push_scope([])
-        try:
-            read = _read_at_targets(value, index, dim, producers, cache)
-            if padded:  # the padded class (an ignored target) reads the pad's zero
-                prims.where(prims.lt(index, value.shape[dim]), read, dtypes.dtype_to_numbertype(bsym.output.dtype)(0))
-        finally:
-            ops = trace.pop_scope()
-    if not cache.get(_ROW_STATISTIC):
-        return None
-    last = ops[-1]
-    ops[-1] = last.from_bsym_swap_proxies({variableify(last.output): bsym.output}, skip_inputs=True, skip_output=False)
-    return ops
+
+    def build() -> None:
+        read = _read_at_targets(value, index, dim, producers, cache)
+        if padded:  # the padded class (an ignored target) reads the pad's zero
+            prims.where(prims.lt(index, value.shape[dim]), read, dtypes.dtype_to_numbertype(bsym.output.dtype)(0))
+
+    ops, _ = _recorded_in_place_of(trace, bsym.output, build)
+    return ops if cache.get(_ROW_STATISTIC) else None
 
 
 def decompose_target_gathers(trace: TraceCtx) -> TraceCtx:
@@ -373,7 +383,7 @@ def decompose_target_gathers(trace: TraceCtx) -> TraceCtx:
     log-probabilities at the targets) computed as a row reduction instead: no logits-sized padded copy,
     and no gather of a value computed from the row's own statistics (the log-softmax), which a region
     that computes both would have to write out first."""
-    producers: dict = {}
+    producers: dict | None = None  # name -> the op writing it; made at the first gather (one scan otherwise)
     result = None
     new_bsyms = []
     count = 0
@@ -382,20 +392,16 @@ def decompose_target_gathers(trace: TraceCtx) -> TraceCtx:
         if op_kind(bsym) == "take_along_axis":
             if result is None:
                 result = from_trace(trace)
+                producers = {out.name: op for op in new_bsyms for out in op.flat_proxy_outs}
             try:
                 ops = _target_gather_prims(result, bsym, producers)
             except Exception as exc:  # an argument Thunder's meta functions refuse: the gather stays
                 logger.info("kept take_along_axis as it is: %s: %s", type(exc).__name__, exc)
-        for out in bsym.flat_proxy_outs:
-            producers[out.name] = bsym
-        if ops is None:
-            new_bsyms.append(bsym)
-            continue
-        for op in ops:
-            for out in op.flat_proxy_outs:
-                producers[out.name] = op
-        new_bsyms.extend(ops)
-        count += 1
+        written = [bsym] if ops is None else ops
+        if producers is not None:
+            producers.update((out.name, op) for op in written for out in op.flat_proxy_outs)
+        new_bsyms.extend(written)
+        count += ops is not None
     if not count:
         return trace
     result.bound_symbols = new_bsyms
