@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict] = {
     "graph-inlined-peak-reorder": {"materialize_region_outputs": False, "inductor_options": {"reorder_for_peak_memory": True}},
     "graph-no-locality": {"inductor_options": {"reorder_for_locality": False}},
     "graph-fuse-regions": {"separate_regions": False},  # Inductor may fuse across regions (horizontally and vertically)
+    "graph-no-donation": {"donate_dying_inputs": False},  # every region output in a buffer of its own (remat.core.donation)
     "graph-reuse": {"inductor_options": {"allow_buffer_reuse": True}},  # Inductor keeps a dead buffer for a later one of its size (off by default)
     # issue 18: Inductor's own choice between a pointwise cat and a concat buffer (pointwise is remat's default since 2026-12-06)
     "graph-concat-kernel": {"inductor_options": {"force_pointwise_cat": False}},
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=512, help="the model's vocabulary (default 512)")
     parser.add_argument("--budget", type=float, default=None,
                         help="remat's memory_budget (a fraction of the default plan's estimated peak) for every variant")
     parser.add_argument("--variants", nargs="+", default=["regions", *VARIANTS])
@@ -147,7 +149,7 @@ def main() -> None:
     out = Path(args.out)
     (out / "code").mkdir(parents=True, exist_ok=True)
     log = out / "gpu_graph_memory.jsonl"
-    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch, vocab=args.vocab)
     snapshot_taken = False
     for variant in args.variants:
         record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, budget=args.budget,

@@ -8,7 +8,7 @@ per ``--runtime`` (``gpu_budget.py``'s runtimes and suffixes, e.g. ``auto+fused-
 with the allocator's history recorded, replays it (``gpu_graph_memory.replay``) and writes, per runtime:
 the measured peak, the forward's peak, remat's estimate, the median step time of ``--steps`` steps, and
 the largest blocks alive at the peak with the frames that allocated them (Thunder's generated code names
-the region; the traces are written next to the records, ``<runtime>_fw.py`` / ``_bw.py``).
+the region; the traces are written next to the records, ``<runtime>_fw.py`` / ``_bw.py``, ``+`` written ``_``).
 
     source .gpu/activate.sh; python benchmarks/gpu_loss_memory.py --runtime auto+fused-loss-gradient auto+fused-loss-gradient+target-reads inductor-graph+gathered-targets inductor-graph --out $OUT
 
@@ -78,8 +78,8 @@ def main() -> None:
             log.write(json.dumps(record) + "\n")
         print(json.dumps({k: v for k, v in record.items() if k != "replay"}), flush=True)
         print(json.dumps(record["replay"]["live_by_site"], indent=1), flush=True)
-        (out / f"{name}_fw.py").write_text(str(thunder.last_traces(fn)[-1]))
-        (out / f"{name}_bw.py").write_text(str(thunder.last_backward_traces(fn)[-1]))
+        (out / f"{name.replace('+', '_')}_fw.py").write_text(str(thunder.last_traces(fn)[-1]))
+        (out / f"{name.replace('+', '_')}_bw.py").write_text(str(thunder.last_backward_traces(fn)[-1]))
         del fn
         torch.cuda.empty_cache()
 

@@ -184,9 +184,9 @@ def run(args) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, batch=args.batch, vocab=args.vocab)
     for mode in args.modes:
-        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, mode=mode)
+        record: dict = dict(model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab, mode=mode)
         try:
             t0 = time.perf_counter()
             fn, remat_executor = make(mode, module)
@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=512, help="the model's vocabulary (gpu_memory.build's default 512)")
     parser.add_argument("--modes", nargs="+", default=["thunder", "remat"])
     parser.add_argument("--out", default="gpu_profile_out")
     run(parser.parse_args())

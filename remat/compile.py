@@ -114,6 +114,7 @@ def install(
         plan=plan,
     )
     _plan_for_graph_layout(chosen[-1], transforms)
+    _serve(chosen[-1], transforms)
     return install_defaults(chosen, transforms)
 
 
@@ -163,6 +164,7 @@ def jit(
         jit_options["transforms"] = [*jit_options.get("transforms", ()), graph_transform]
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
     _plan_for_graph_layout(ex, jit_options.get("transforms", ()))
+    _serve(ex, jit_options.get("transforms", ()))
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
 
@@ -171,18 +173,27 @@ def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:
     """Where a graph transform among ``transforms`` lays attention's operands out token by token, the
     executor plans with that layout's memory model (``optimize(..., token_major_attention=True)``) for
     traces that will run as graphs (:func:`remat.thunder.graph.runs_as_graphs`): the reshape of attention's
-    output for the output projection is a view there, not a copy."""
-    token_major = any(
-        isinstance(t, InductorGraphTransform) and lays_out_token_major(t.token_major_attention, t.materialize_region_outputs)
-        for t in transforms or ()
-    )
-    if token_major and ex.optimizer is not None:
+    output for the output projection is a view there, not a copy; and regions write outputs over inputs
+    dying there (``donate_dying_inputs=True``, :mod:`remat.core.donation`)."""
+    graphs = [t for t in transforms or () if isinstance(t, InductorGraphTransform)]
+    token_major = any(lays_out_token_major(t.token_major_attention, t.materialize_region_outputs) for t in graphs)
+    donating = any(t.donate_dying_inputs and t.materialize_region_outputs for t in graphs)
+    if (token_major or donating) and ex.optimizer is not None:
         planned = ex.optimizer
 
         def optimizer(fused: Any) -> Any:  # a trace drawing random numbers runs region by region: as traced
-            return planned(fused, token_major_attention=runs_as_graphs(fused))
+            as_graphs = runs_as_graphs(fused)
+            return planned(fused, token_major_attention=token_major and as_graphs, donate_dying_inputs=donating and as_graphs)
 
         ex.optimizer = optimizer
+
+
+def _serve(ex: RematExecutor, transforms: Any) -> None:
+    """Graph transforms among ``transforms`` read the plan of the trace they compile from ``ex`` (the
+    embedding gradient's scratch is sized against its estimated peak: ``InductorGraphTransform``)."""
+    for transform in transforms or ():
+        if isinstance(transform, InductorGraphTransform) and transform.plan_source is None:
+            transform.plan_source = lambda: ex.last_result
 
 
 def executor_of(jitted: Any) -> RematExecutor:

@@ -155,6 +155,7 @@ def optimize(
     strict: bool = False,
     thunder_baseline: bool = True,
     token_major_attention: bool = False,
+    donate_dying_inputs: bool = False,
 ) -> Result:
     """Plan and apply one global rematerialization of a (fused) joint Thunder trace.
 
@@ -167,7 +168,10 @@ def optimize(
     ``token_major_attention``: the trace will run with attention's query, key and value laid out token
     by token (what ``remat.jit(runtime="inductor-graph")`` does), which makes attention's output
     token-major and the reshape feeding the output projection a view: the memory model counts it so
-    (:func:`remat.read_trace`).
+    (:func:`remat.read_trace`).  ``donate_dying_inputs``: the trace will run where a region writes an
+    output into the storage of an input dying there (the graph runtime, :mod:`remat.core.donation`): the
+    memory model counts no buffer for those outputs.  Planning itself does not use it (its cut and save
+    costs are as without), only the estimates of the traces compared and returned.
 
     Never worse than Thunder, by construction: the trace returned has the lowest estimated peak of remat's
     rewrite, Thunder's own ``rematerialize`` of the same trace (with ``thunder_baseline=True``, the
@@ -196,11 +200,12 @@ def optimize(
     resolve_solver(solver)
     if not isinstance(thunder_baseline, bool):
         raise TypeError(f"thunder_baseline must be True or False, got {type(thunder_baseline).__name__}")
-    if not isinstance(token_major_attention, bool):
-        raise TypeError(f"token_major_attention must be True or False, got {type(token_major_attention).__name__}")
+    for flag, value in (("token_major_attention", token_major_attention), ("donate_dying_inputs", donate_dying_inputs)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {type(value).__name__}")
     start = time.perf_counter()
     with stage("plan") as planning:
-        graph = read_trace(trace, token_major_attention=token_major_attention)
+        graph = read_trace(trace, token_major_attention=token_major_attention, donate_dying_inputs=donate_dying_inputs)
         if not graph.is_joint:
             raise NoBackwardError("optimize needs a joint forward+backward trace (from remat.training_trace)")
         before = profile_graph(graph)
@@ -242,7 +247,9 @@ def optimize(
         draws_random = any("rng" in op.tags for op in graph.ops)
         thunder_trace, baseline_seconds, thunder_note = _thunder_baseline(trace, draws_random)
         if thunder_trace is not None:
-            candidates["thunder"] = profile_graph(read_trace(thunder_trace, ops=False, token_major_attention=token_major_attention))
+            candidates["thunder"] = profile_graph(
+                read_trace(thunder_trace, ops=False, token_major_attention=token_major_attention, donate_dying_inputs=donate_dying_inputs)
+            )
         else:
             notes.append(thunder_note)
     candidates["unplanned"] = before
@@ -279,7 +286,7 @@ def optimize(
         )
     elif chosen == "thunder":
         thunder_trace = rebuild_regions(thunder_trace)  # rematerialize edits regions, not their callables
-        thunder_graph = read_trace(thunder_trace, token_major_attention=token_major_attention)
+        thunder_graph = read_trace(thunder_trace, token_major_attention=token_major_attention, donate_dying_inputs=donate_dying_inputs)
         result = Result(
             trace=thunder_trace,
             plan=plan,

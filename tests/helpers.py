@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import networkx as nx
-
-from remat.core.ir import FusionGraph, TensorInfo, Unit, split_phases
+from remat.core.ir import FusionGraph, Op, TensorInfo, Unit, split_phases
 
 
 def unit_graph(steps, sizes, *, params=(), inputs=(), forward_outputs=(), gradients=(), views=None):
@@ -19,9 +17,8 @@ def unit_graph(steps, sizes, *, params=(), inputs=(), forward_outputs=(), gradie
     phases = split_phases([s[3] for s in steps], [s[2] for s in steps], kinds, set(forward_outputs) | set(params) | set(inputs))
     tensors = {}
     units = []
-    g = nx.DiGraph()
+    ops = []  # one op per unit, named as its unit
     for index, ((name, kind, ins, outs), phase) in enumerate(zip(steps, phases)):
-        g.add_node(index, kind=name, unit=index, phase=phase, inputs=tuple(ins), outputs=tuple(outs))
         for out in outs:
             if out in params:
                 tkind = "param"
@@ -33,4 +30,5 @@ def unit_graph(steps, sizes, *, params=(), inputs=(), forward_outputs=(), gradie
                 tkind = "activation"
             tensors[out] = TensorInfo(out, (sizes[out],), "u8", sizes[out], tkind, index, index, phase, views.get(out))
         units.append(Unit(index, name, kind, phase, tuple(ins), tuple(outs), (index,), 0))
-    return FusionGraph(units, tensors, g, forward_outputs=tuple(forward_outputs), gradients=tuple(gradients), is_joint=True)
+        ops.append(Op(index, name, index, None, phase, tuple(ins), (None,) * len(ins), tuple(outs), tuple(sizes[o] for o in outs)))
+    return FusionGraph(units, tensors, ops, forward_outputs=tuple(forward_outputs), gradients=tuple(gradients), is_joint=True)

@@ -4,7 +4,7 @@ import pytest
 
 import remat
 from helpers import unit_graph
-from remat.core.memory import profile_graph
+from remat.core.memory import headroom, profile_graph
 
 
 def live(profile):
@@ -34,6 +34,28 @@ def test_chain():
     assert set(p.saved_tensors) == {"a", "b"} and p.saved_bytes == 300
     assert p.param_bytes == 50 and p.input_bytes == 1000
     assert p.forward_peak_bytes == 310 and p.backward_peak_bytes == 520
+
+
+def test_headroom_is_the_peak_less_the_live_bytes_where_the_op_runs():
+    # The chain above with the last backward step an embedding gradient: live 160 there, peak 520.
+    steps = [
+        ("x", "input", [], ["x"]),
+        ("w", "input", [], ["w"]),
+        ("f", "region", ["x", "w"], ["a"]),
+        ("g", "region", ["a"], ["b"]),
+        ("h", "region", ["b"], ["out"]),
+        ("get_grad", "cotangent", [], ["gout"]),
+        ("h_bwd", "region", ["gout", "b"], ["gb"]),
+        ("g_bwd", "region", ["gb", "a"], ["ga"]),
+        ("embedding_backward", "op", ["ga", "x"], ["gw"]),
+        ("return", "return", ["out", "gw"], []),
+    ]
+    sizes = dict(x=1000, w=50, a=100, b=200, out=10, gout=10, gb=200, ga=100, gw=50)
+    g = unit_graph(steps, sizes, params=["w"], inputs=["x"], forward_outputs=["out"], gradients=["gw"])
+    p = profile_graph(g)
+    assert headroom(p, g, {"embedding_backward"}) == 520 - 160
+    assert headroom(p, g, {"h_bwd"}) == 0  # the op that sets the peak leaves no room
+    assert headroom(p, g, {"matmul"}) is None  # no unit runs one
 
 
 def test_diamond_frees_the_shared_input_after_its_last_reader():

@@ -253,6 +253,40 @@ def test_target_reads_keep_numerics_with_cross_entropy(program):
 @shared_examples
 @trace_settings
 @given(CASES)
+def test_donations_only_take_storage_that_dies_there(case):
+    """Donation (:mod:`remat.core.donation`) on the optimized trace: each donated output takes the storage
+    of an input of its own region, of its dtype and bytes, that nothing reads after that region; and the
+    estimated peak with donations is never above the peak without."""
+    import dataclasses
+
+    from remat.core.donation import storage_roots
+    from remat.core.memory import profile_graph
+
+    p = run(case)
+    graph = read_trace(p.result.trace, ops=False, donate_dying_inputs=True)
+    event("donates" if graph.donations else "donates nothing")
+    order = graph.execution_order()
+    position = {unit: step for step, unit in enumerate(order)}
+    roots = storage_roots(graph)
+    for output, donor in graph.donations.items():
+        unit = graph.tensors[output].producer_unit
+        assert donor in graph.units[unit].inputs
+        assert graph.tensors[donor].dtype == graph.tensors[output].dtype
+        assert graph.tensors[donor].bytes == graph.tensors[output].bytes
+        storage = roots.get(donor, donor)
+        assert graph.tensors[storage].kind == "activation"
+        for name, info in graph.tensors.items():
+            if name != output and roots.get(name, name) == storage and info.producer_unit is not None:
+                readers = [position[u.index] for u in graph.units if name in u.inputs and u.kind != "return"]
+                assert all(step <= position[unit] for step in readers) or position[info.producer_unit] > position[unit]
+                assert not any(name in u.inputs for u in graph.units if u.kind == "return") or position[info.producer_unit] > position[unit]
+    without = profile_graph(dataclasses.replace(graph, donations={}))
+    assert profile_graph(graph).peak_bytes <= without.peak_bytes
+
+
+@shared_examples
+@trace_settings
+@given(CASES)
 def test_solvers_agree_on_traces(case):
     """Dinic (scipy) and preflow-push (networkx) find the same cut value and the same cut on the trace's
     flow problem."""

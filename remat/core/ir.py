@@ -237,7 +237,9 @@ class FusionGraph:
     that are non-contiguous views (:mod:`remat.core.strides`; the others are contiguous).
     ``save_costs``: for plain graphs (not read from a trace), the cost of keeping each value as the
     graph gives it; None for traces, whose costs follow from the memory model
-    (:func:`remat.core.memory.save_cost`).  ``origin``: what the reader read the graph from (for traces,
+    (:func:`remat.core.memory.save_cost`).  ``donations``: region outputs written into the storage of an
+    input that dies at their region, output -> input (:mod:`remat.core.donation`; only for traces read
+    for the graph runtime); the memory model counts no new buffer for them.  ``origin``: what the reader read the graph from (for traces,
     :class:`remat.thunder.read.TraceOrigin`: the trace and its bound symbols); the core never looks inside.
     ``naming``: how the reader that made the graph works out :attr:`module_names` (called once, on first
     use, with the graph; None: no names).
@@ -254,6 +256,7 @@ class FusionGraph:
     save_costs: Mapping[Hashable, int] | None = None
     origin: Any = None
     naming: Callable[[FusionGraph], ModuleNames | None] | None = None
+    donations: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # frozen: the containers are read-only views or tuples, so no stage can change a shared graph
@@ -264,6 +267,7 @@ class FusionGraph:
             object.__setattr__(self, "ops", tuple(self.ops))
         strides = self.strides if isinstance(self.strides, dict) else dict(self.strides)
         object.__setattr__(self, "strides", MappingProxyType(strides))
+        object.__setattr__(self, "donations", MappingProxyType(dict(self.donations)))
 
     def __repr__(self) -> str:
         regions = sum(1 for u in self.units if u.kind == "region")

@@ -30,12 +30,13 @@ from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from remat.core.donation import storage_roots
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph
 from remat.core.units import format_bytes  # noqa: F401  (re-exported: remat.core.memory.format_bytes)
 from remat.core.views import alias_base
 
 __all__ = [
-    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "profile_with_lifetimes", "lifetimes", "live_at", "save_cost", "held_storage", "tensor_save_cost",
+    "MemoryBudget", "MemoryProfile", "TimelinePoint", "profile_graph", "profile_with_lifetimes", "lifetimes", "live_at", "headroom", "save_cost", "held_storage", "tensor_save_cost",
     "format_bytes",
 ]
 
@@ -89,6 +90,8 @@ def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, 
     end_of_step = len(order)
     start: dict[str, int] = {}
     end: dict[str, int] = {}
+    # a donated output lives in its donor's storage (remat.core.donation), views of it too
+    roots = storage_roots(graph) if graph.donations else None
     # alias_base inlined: this runs for every unit of every plan a budget search evaluates
     for step, unit_index in enumerate(order):
         unit = units[unit_index]
@@ -96,7 +99,7 @@ def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, 
             info = tensors.get(name)
             if info is None or info.kind in _UNCOUNTED:
                 continue
-            base = info.alias_of or name
+            base = roots.get(name, name) if roots is not None else (info.alias_of or name)
             base_info = info if base == name else tensors.get(base)
             if base_info is None or base_info.kind in _UNCOUNTED:
                 continue
@@ -105,8 +108,11 @@ def lifetimes(graph: FusionGraph) -> tuple[list[int], dict[str, int], dict[str, 
                 end[base] = step
         last = end_of_step if unit.kind == "return" else step
         for name in unit.inputs:
-            info = tensors.get(name)
-            base = (info.alias_of or name) if info is not None else name
+            if roots is not None:
+                base = roots.get(name, name)
+            else:
+                info = tensors.get(name)
+                base = (info.alias_of or name) if info is not None else name
             if base in start and last > end[base]:
                 end[base] = last
     return order, start, end
@@ -117,6 +123,22 @@ def live_at(graph: FusionGraph, step: int) -> list[tuple[str, int]]:
     _, start, end = lifetimes(graph)
     alive = [(b, graph.tensors[b].bytes) for b, s in start.items() if s <= step <= end[b]]
     return sorted(alive, key=lambda item: -item[1])
+
+
+def headroom(profile: MemoryProfile, graph: FusionGraph, kinds: Collection[str]) -> int | None:
+    """Bytes a buffer alive only while an op of one of ``kinds`` runs can take without raising ``profile``'s
+    peak: the peak less the live bytes while that op's unit runs (its outputs allocated, its inputs not yet
+    freed), the least over all such units; None where no unit runs one.  ``graph`` is the graph
+    ``profile`` was computed on (the units of its timeline).  What a runtime uses to size a kernel's scratch
+    that the model does not count (the graph runtime's embedding gradient, :mod:`remat.thunder.graph`)."""
+    if graph.ops is None:
+        return None
+    rooms = [
+        profile.peak_bytes - point.live_bytes
+        for point in profile.timeline
+        if any(graph.ops[node].kind in kinds for node in graph.units[point.unit].nodes)
+    ]
+    return max(0, min(rooms)) if rooms else None
 
 
 def profile_graph(graph: FusionGraph) -> MemoryProfile:

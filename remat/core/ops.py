@@ -37,6 +37,7 @@ __all__ = [
     "VIEW_KINDS",
     "MATMUL_KINDS",
     "ATTENTION_MARKERS",
+    "EMBEDDING_GRADIENT_KINDS",
     "RNG_KINDS",
     "STATELESS_RNG_KINDS",
     "REDUCTION_KINDS",
@@ -139,6 +140,9 @@ MATMUL_KINDS = frozenset(
 )
 # Attention kernels (fused matmul-softmax-matmul); their names depend on the executor that claimed them.
 ATTENTION_MARKERS = ("scaled_dot_product", "sdpa", "flash_attention", "efficient_attention", "cudnn_sdpa")
+#: The embedding table's gradient (Thunder's prim and symbol, the torch executor's operator): the op whose
+#: scratch the graph runtime sizes against the plan's headroom (:func:`remat.core.memory.headroom`).
+EMBEDDING_GRADIENT_KINDS = frozenset({"embedding_backward", "torch.ops.aten.embedding_backward"})
 RNG_KINDS = frozenset("uniform randn randint multinomial torch.randn torch.rand torch.randint".split())
 # Stateless random ops: recomputing them with the same seed/offset reproduces the same numbers.
 STATELESS_RNG_KINDS = frozenset({"uniform_philox"})

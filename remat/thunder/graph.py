@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,14 +40,18 @@ from thunder.core.transform_common import Transform
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from remat._logging import logger
-from remat.core.ops import IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
+from remat.core.memory import headroom
+from remat.core.ops import EMBEDDING_GRADIENT_KINDS, IN_PLACE_KINDS, RNG_KINDS, STATELESS_RNG_KINDS
 from remat.core.strides import token_major_strides
 from remat.errors import warn
 from remat.thunder.attention import attention_operands
 from remat.thunder.read import op_kind
 from remat.thunder.runtimes import TorchRegionCallable, region_trace
 
-__all__ = ["InductorGraphTransform", "GraphCallable", "compile_trace_body", "token_major_strides", "INDUCTOR_OPTIONS", "EMBEDDING_SCRATCH_LIMIT"]
+__all__ = [
+    "InductorGraphTransform", "GraphCallable", "compile_trace_body", "token_major_strides", "INDUCTOR_OPTIONS", "EMBEDDING_SCRATCH_LIMIT",
+    "embedding_scratch_room",
+]
 
 #: Bound symbols that frame a trace's body rather than compute: they stay outside the graph.
 _FRAME = frozenset(
@@ -77,8 +81,9 @@ INDUCTOR_OPTIONS: dict[str, Any] = {
 }
 _UNGRAPHABLE_KINDS = RNG_KINDS | STATELESS_RNG_KINDS | IN_PLACE_KINDS
 
-#: Default of ``embedding_scratch_limit``: the most bytes of fp32 scratch Inductor's embedding gradient may
-#: take (see :func:`_decompositions`).  A LitGPT block's table (vocab 512) needs 5 MiB and keeps Inductor's
+#: The most bytes of fp32 scratch Inductor's embedding gradient may take (see :func:`_decompositions`) where
+#: no plan says how much room there is (``embedding_scratch_limit="auto"`` without a plan, or a graph
+#: compiled outside ``remat.jit``): a LitGPT block's table (vocab 512) needs 5 MiB and keeps Inductor's
 #: faster kernel; a real vocabulary (stablecode-3b: 49152 x 2560, 480 MiB) calls PyTorch's op instead.
 EMBEDDING_SCRATCH_LIMIT = 16 * 2**20
 
@@ -124,6 +129,19 @@ def _decompositions(embedding_scratch_limit: int) -> dict:
 
     table[op] = embedding_dense_backward
     return table
+
+
+def embedding_scratch_room(result: Any) -> int | None:
+    """The most bytes of scratch the embedding gradient can take without raising the estimated peak of
+    ``result`` (a :class:`remat.Result`, the plan of the trace being compiled): the headroom under its
+    peak while the embedding gradient runs (:func:`remat.core.memory.headroom`); None without a plan or
+    without an embedding gradient.  Why it matters: Inductor's decomposition of the gradient (an fp32
+    table, an accumulating scatter, a cast) took 0.4 ms where PyTorch's sort-based kernel took 1.9 ms
+    (Llama-2-7b x2, vocab 32000, batch 4, seq 8192; H100 profile, docs/benchmarks.md), and at the end of
+    the backward, where the gradient runs, the step's live bytes are usually far below its peak."""
+    if result is None:
+        return None
+    return headroom(result.after, result.after_graph, EMBEDDING_GRADIENT_KINDS)
 
 
 def _is_frame(bsym: BoundSymbol) -> bool:
@@ -212,7 +230,11 @@ def _attention_inputs(bsyms: Sequence[BoundSymbol]) -> set[str]:
 
 
 def _traceable(
-    bsym: BoundSymbol, materialize_outputs: bool, region: int | None = None, token_major: frozenset[str] = frozenset()
+    bsym: BoundSymbol,
+    materialize_outputs: bool,
+    region: int | None = None,
+    token_major: frozenset[str] = frozenset(),
+    donated: Mapping[str, int] | None = None,
 ) -> BoundSymbol:
     """``bsym`` as ``make_fx`` can trace it: a remat region runs its prims with the torch reference (its
     own callable may be compiled code that fake tensors cannot enter); other symbols are plain torch calls.
@@ -227,17 +249,28 @@ def _traceable(
     stablecode-3b x2's backward, H100; docs/benchmarks.md).
 
     ``token_major``: names of region outputs to lay out with :func:`token_major_strides` (attention's
-    inputs; needs ``materialize_outputs``)."""
+    inputs; needs ``materialize_outputs``).  ``donated``: region outputs written into the storage of an
+    input dying here, output name -> the input's position among the region's arguments
+    (:mod:`remat.core.donation`; needs ``materialize_outputs``): ``input.copy_(output)``, which Inductor
+    computes straight into the input's buffer."""
     if not bsym.sym.is_fusion:
         return bsym
     reference = TorchRegionCallable(bsym.sym.name, bsym.subsymbols, bsym.args, bsym.output).build()
     if materialize_outputs:
         run_region = reference
         output_names = [getattr(p, "name", None) for p in tree_flatten(bsym.output)[0]]
+        donated = dict(donated or {})
+
+        def written(value: Any, name: str | None, args: tuple) -> Any:
+            position = donated.get(name)
+            if position is None or not isinstance(value, torch.Tensor):
+                return _laid_out(value, name, token_major)
+            storage = args[position]  # same dtype and bytes, both contiguous (the donation rule)
+            return torch.ops.aten.copy_.default(storage, value.reshape(storage.shape)).view(value.shape)
 
         def reference(*args: Any) -> Any:
             values, spec = tree_flatten(run_region(*args))  # as the symbol's output: one name per value
-            return tree_unflatten([_laid_out(value, name, token_major) for value, name in zip(values, output_names)], spec)
+            return tree_unflatten([written(value, name, args) for value, name in zip(values, output_names)], spec)
 
     if region is not None and _annotate is not None:
         untagged = reference
@@ -361,6 +394,7 @@ class GraphCallable:
         self.traced = traced
         self.fallback = fallback
         self.failed: str | None = None
+        self.donated: tuple[str, ...] = ()  # region outputs written over a dying input (compile_trace_body)
         self.path: str | None = None
         self._compiled: dict[tuple, Callable] = {}  # input strides -> compiled graph
 
@@ -436,6 +470,7 @@ def compile_trace_body(
     separate_regions: bool = True,
     embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
     token_major_attention: bool = True,
+    donations: Mapping[str, int] | None = None,
 ) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
@@ -443,7 +478,11 @@ def compile_trace_body(
     settings over :data:`INDUCTOR_OPTIONS`; ``separate_regions``: no fusion across regions
     (:func:`_separate_regions_choices`); ``embedding_scratch_limit``: see :func:`_decompositions`;
     ``token_major_attention``: region outputs that attention reads as query, key or value are laid out
-    token-major (:func:`token_major_strides`)."""
+    token-major (:func:`token_major_strides`).  ``donations``: region outputs to write into the storage
+    of an input dying at their region, output -> that input's position among the region's distinct
+    inputs (the plan's, :mod:`remat.core.donation`); one
+    whose input the graph does not own (a tensor it is handed and does not drain) or reads again is
+    written into a buffer of its own instead (:func:`_donated_positions`)."""
     bsyms = list(trace.bound_symbols)
     body_positions = [i for i, b in enumerate(bsyms) if not _is_frame(b) and not _is_del(b)]
     if not body_positions:
@@ -493,13 +532,17 @@ def compile_trace_body(
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
     token_major = frozenset(_attention_inputs(with_dels)) if lays_out_token_major(token_major_attention, materialize_region_outputs) else frozenset()
-    traceable = [_traceable(b, materialize_region_outputs, region, token_major) for region, b in enumerate(with_dels)]
+    donated = _donated_positions(with_dels, donations or {}, drained_names, defined, needed_after) if materialize_region_outputs else {}
+    traceable = [
+        _traceable(b, materialize_region_outputs, region, token_major, donated.get(region)) for region, b in enumerate(with_dels)
+    ]
     traced = region_trace(traceable, flat_inputs, outputs).python_callable(include_decorators=False)
     fallback = region_trace(with_dels, flat_inputs, outputs).python_callable(include_decorators=False)
     callable_ = GraphCallable(
         name, len(collections), traced, fallback, inductor_options, separate_regions, embedding_scratch_limit,
         laid_out_attention=bool(token_major),
     )
+    callable_.donated = tuple(name for positions in donated.values() for name in positions)
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
 
@@ -519,6 +562,50 @@ def compile_trace_body(
     return new_trace, None
 
 
+def _donated_positions(
+    bsyms: Sequence[BoundSymbol], donations: Mapping[str, int], drained: set[str], defined: set[str], needed_after: set[str]
+) -> dict[int, dict[str, int]]:
+    """The donations the graph carries out, by position of the region in ``bsyms``: output name -> the
+    position of its donor among the region's arguments.  ``donations``: output name -> the donor's
+    position among the region's distinct inputs.  A donor must be a tensor the graph owns (made in the
+    body or drained from a saved-tensor collection: ``drained``/``defined``) that no later symbol of the
+    body reads and nothing after the body needs, with the output's dtype and size; the plan's rule
+    (:func:`remat.core.donation.find_donations`) already holds that on the joint trace: this is the
+    runtime's own check that the execution trace agrees."""
+    if not donations:
+        return {}
+    last_read: dict[str, int] = {}
+    for position, bsym in enumerate(bsyms):
+        if not _is_del(bsym):
+            for proxy in bsym.flat_proxy_args:
+                last_read[proxy.name] = position
+    result: dict[int, dict[str, int]] = {}
+    for position, bsym in enumerate(bsyms):
+        if not bsym.sym.is_fusion:
+            continue
+        inputs = list(dict.fromkeys(p.name for p in bsym.flat_proxy_args))  # as the reader lists a unit's inputs
+        arguments = [a.name if isinstance(a, TensorProxy) else None for a in bsym.args]
+        for proxy in tree_flatten(bsym.output)[0]:
+            index = donations.get(getattr(proxy, "name", None))
+            if index is None or not isinstance(proxy, TensorProxy):
+                continue
+            donor = inputs[index] if index < len(inputs) else None
+            argument = arguments.index(donor) if donor in arguments else None
+            owned = donor in drained or donor in defined
+            if (
+                argument is not None
+                and owned
+                and last_read.get(donor) == position
+                and donor not in needed_after
+                and bsym.args[argument].dtype == proxy.dtype
+                and bsym.args[argument].numel == proxy.numel
+            ):
+                result.setdefault(position, {})[proxy.name] = argument
+            else:
+                logger.info("remat inductor-graph: %s is not written over %s (the graph does not own it here)", proxy.name, donor)
+    return result
+
+
 class InductorGraphTransform(Transform):
     """A Thunder transform compiling the forward and backward execution traces' bodies as one Inductor
     graph each (:func:`compile_trace_body`), after Thunder's and remat's passes.
@@ -531,25 +618,63 @@ class InductorGraphTransform(Transform):
     kernel, which would compute a region's outputs earlier or later than remat's plan has them
     (:func:`_separate_regions_choices`); False lets it.  ``embedding_scratch_limit``: the most bytes of fp32
     scratch Inductor's embedding gradient may take; above it the graph calls PyTorch's embedding backward
-    (:func:`_decompositions`).  ``token_major_attention``: attention's query, key and value, where a region
-    computes them, are laid out token by token (:func:`token_major_strides`)."""
+    (:func:`_decompositions`).  ``"auto"`` (default): the room under the estimated peak of the plan the
+    graph runs (:func:`embedding_scratch_room`, read through ``plan_source``, which ``remat.jit`` and
+    ``remat.install`` set to their executor's last plan), or :data:`EMBEDDING_SCRATCH_LIMIT` without one.
+    ``token_major_attention``: attention's query, key and value, where a region computes them, are laid
+    out token by token (:func:`token_major_strides`).  ``donate_dying_inputs`` (default True): a region
+    writes an output into the storage of an input that dies there, where the plan says so
+    (:mod:`remat.core.donation`; ``remat.jit`` plans with it then); False: every region output has a
+    buffer of its own."""
 
     def __init__(
         self,
         materialize_region_outputs: bool = True,
         inductor_options: dict[str, Any] | None = None,
         separate_regions: bool = True,
-        embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
+        embedding_scratch_limit: int | str = "auto",
         token_major_attention: bool = True,
+        donate_dying_inputs: bool = True,
     ) -> None:
         super().__init__()
+        self.donate_dying_inputs = donate_dying_inputs
+        if embedding_scratch_limit != "auto" and (
+            isinstance(embedding_scratch_limit, bool) or not isinstance(embedding_scratch_limit, int) or embedding_scratch_limit < 0
+        ):
+            raise ValueError(f"embedding_scratch_limit must be 'auto' or a number of bytes >= 0, got {embedding_scratch_limit!r}")
         self.token_major_attention = token_major_attention
         self.embedding_scratch_limit = embedding_scratch_limit
+        #: A callable returning the plan (:class:`remat.Result`) of the trace being compiled, or None.
+        self.plan_source: Callable[[], Any] | None = None
         self.materialize_region_outputs = materialize_region_outputs
         self.separate_regions = separate_regions
         self.inductor_options = dict(inductor_options or {})
         self.notes: list[str] = []
         self._count = 0
+
+    def planned_donations(self) -> Mapping[str, int]:
+        """The donations of the plan being compiled (:mod:`remat.core.donation`; the plan's memory estimate
+        counts them), or none without a plan: output name -> the donor's position among its region's
+        inputs.  By position: Thunder's split gives the backward's regions new names for their inputs
+        (the saved tensors), while their outputs keep theirs."""
+        result = self.plan_source() if self.plan_source is not None and self.donate_dying_inputs else None
+        if result is None or not result.after_graph.donations:
+            return {}
+        graph = result.after_graph
+        positions = {}
+        for output, donor in graph.donations.items():
+            unit = graph.units[graph.tensors[output].producer_unit]
+            positions[output] = unit.inputs.index(donor)
+        return positions
+
+    def scratch_limit(self, trace: TraceCtx) -> int:
+        """The embedding gradient's scratch limit for ``trace``, compiled now (``embedding_scratch_limit``)."""
+        if self.embedding_scratch_limit != "auto":
+            return self.embedding_scratch_limit
+        if self.plan_source is None or not any(op_kind(b) in EMBEDDING_GRADIENT_KINDS for b in trace.bound_symbols):
+            return EMBEDDING_SCRATCH_LIMIT  # nothing to size (and no need to read the plan's trace back)
+        room = embedding_scratch_room(self.plan_source())
+        return EMBEDDING_SCRATCH_LIMIT if room is None else room
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         name = f"remat_graph{self._count}"
@@ -559,8 +684,9 @@ class InductorGraphTransform(Transform):
             self.materialize_region_outputs,
             self.inductor_options,
             self.separate_regions,
-            self.embedding_scratch_limit,
+            self.scratch_limit(computation_trace),
             self.token_major_attention,
+            self.planned_donations(),
         )
         if reason is not None:
             note = f"{computation_trace.siginfo().name}: left region by region ({reason})"

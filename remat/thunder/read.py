@@ -22,6 +22,7 @@ from the op table (:mod:`remat.core.ops`) through :func:`symbol_facts`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from thunder.core.trace import TraceCtx, TraceTag
 from thunder.distributed import prims as dist_prims
 from thunder.executors import pythonex, torchex
 
+from remat.core.donation import find_donations
 from remat.core.ir import (
     BACKWARD,
     FORWARD,
@@ -100,6 +102,7 @@ class TraceOrigin:
     facts: dict[str, tuple[tuple[int, ...], str, int]] = field(default_factory=dict)
     region_views: dict[int, tuple[BoundSymbol, dict[str, str]]] = field(default_factory=dict)
     token_major_attention: bool = False  # read_trace's argument of that name
+    donate_dying_inputs: bool = False  # read_trace's argument of that name
 
 
 def op_kind(bsym: BoundSymbol) -> str:
@@ -287,7 +290,12 @@ _UNIT_KINDS = {RETURN_KIND: "return", COTANGENT_KIND: "cotangent"}
 
 
 def read_trace(
-    trace: TraceCtx, *, ops: bool = True, derived_from: FusionGraph | None = None, token_major_attention: bool | None = None
+    trace: TraceCtx,
+    *,
+    ops: bool = True,
+    derived_from: FusionGraph | None = None,
+    token_major_attention: bool | None = None,
+    donate_dying_inputs: bool | None = None,
 ) -> FusionGraph:
     """Read a Thunder trace (joint forward+backward, forward-only, or fused) into a :class:`FusionGraph`.
 
@@ -300,6 +308,10 @@ def read_trace(
     attention's output is then token-major too, so that the ``reshape`` of its transpose for the output
     projection is a view, not a copy.  None (the default): as ``derived_from`` was read, else False
     (every region output and attention output contiguous, as nvFuser's and Inductor's regions write them).
+    ``donate_dying_inputs``: the trace will run where a region may write an output into the storage of an
+    input that dies there (the graph runtime): the graph's ``donations`` say which
+    (:func:`remat.core.donation.find_donations`), and the memory model counts no buffer for those outputs.
+    None (the default): as ``derived_from`` was read, else False.
 
     Raises ``TypeError`` (not a trace) and :class:`remat.UnsupportedTraceError` (an empty trace, symbolic
     shapes)."""
@@ -365,9 +377,11 @@ def read_trace(
         phases = [FORWARD] * len(raw)
 
     # ---- phase 3: tensors and operations
+    derived_origin = derived_from.origin if derived_from is not None else None
     if token_major_attention is None:
-        origin = derived_from.origin if derived_from is not None else None
-        token_major_attention = bool(getattr(origin, "token_major_attention", False))
+        token_major_attention = bool(getattr(derived_origin, "token_major_attention", False))
+    if donate_dying_inputs is None:
+        donate_dying_inputs = bool(getattr(derived_origin, "donate_dying_inputs", False))
     reader = _Reader(derived_from)
     for name, proxy in trace_args.items():
         is_param = isinstance(proxy, TensorProxy) and (
@@ -390,8 +404,9 @@ def read_trace(
         reader.facts_cache,
         reader.region_views_by_id,
         token_major_attention,
+        donate_dying_inputs,
     )
-    return FusionGraph(
+    graph = FusionGraph(
         reader.units,
         reader.tensors,
         reader.ops if ops else None,
@@ -403,6 +418,13 @@ def read_trace(
         origin=origin,
         naming=module_names if ops else None,
     )
+    if donate_dying_inputs:
+        member_kinds = {i: tuple(op_kind(m) for m in r[0].subsymbols) for i, r in enumerate(raw) if r[2] == "region"}
+        pinned = {p.name for r in raw for p in attention_operands(r[0])[1] if isinstance(p, TensorProxy)}
+        donations = find_donations(graph, member_kinds, pinned)
+        if donations:
+            graph = dataclasses.replace(graph, donations=donations)
+    return graph
 
 
 class _Reader:

@@ -1,0 +1,136 @@
+"""Donation (remat.core.donation): a region writing an output over an input that dies there, on graphs
+small enough to check by hand, and through the graph runtime on the CPU."""
+
+import warnings
+
+import pytest
+import torch
+
+import remat
+import remat.thunder  # noqa: F401  (its compat bridge first)
+from helpers import unit_graph
+from remat.core.donation import DONATING_KINDS, find_donations, storage_roots
+from remat.core.memory import profile_graph
+
+# x -> a -> (region f: elementwise) -> b ... ; backward: gb = g(gout, b) elementwise, then ga = h(gb, a)
+STEPS = [
+    ("x", "input", [], ["x"]),
+    ("w", "input", [], ["w"]),
+    ("f", "region", ["x", "w"], ["a"]),
+    ("g", "region", ["a"], ["b"]),
+    ("h", "region", ["b"], ["out"]),
+    ("get_grad", "cotangent", [], ["gout"]),
+    ("h_bwd", "region", ["gout", "b"], ["gb"]),
+    ("g_bwd", "region", ["gb", "a"], ["ga"]),
+    ("f_bwd", "region", ["ga", "x"], ["gw"]),
+    ("return", "return", ["out", "gw"], []),
+]
+SIZES = dict(x=1000, w=50, a=100, b=200, out=10, gout=10, gb=200, ga=100, gw=50)
+ELEMENTWISE = {i: ("mul", "add") for i, step in enumerate(STEPS) if step[1] == "region"}
+
+
+def chain(**overrides):
+    return unit_graph(STEPS, {**SIZES, **overrides}, params=["w"], inputs=["x"], forward_outputs=["out"], gradients=["gw"])
+
+
+def test_a_gradient_takes_the_storage_of_the_saved_value_read_for_the_last_time():
+    graph = chain()
+    # h_bwd: gb (200) over b (200, saved, last read here); g_bwd: ga (100) over a (100) or gb (200: no)
+    assert find_donations(graph, ELEMENTWISE) == {"gb": "b", "ga": "a"}
+
+
+def test_the_memory_model_counts_no_buffer_for_a_donated_output():
+    graph = chain()
+    donated = graph.__class__(**{**graph.__dict__, "donations": find_donations(graph, ELEMENTWISE)})
+    live = [p.live_bytes for p in profile_graph(donated).timeline]
+    # as test_memory.test_chain ([0, 0, 100, 300, 310, 320, 520, 410, 160, 60]) less gb's 200 at h_bwd
+    # (it is b) and ga's 100 at g_bwd (it is a)
+    assert live == [0, 0, 100, 300, 310, 320, 320, 310, 160, 60]
+    assert profile_graph(donated).peak_bytes == 320 < profile_graph(graph).peak_bytes == 520
+    assert storage_roots(donated)["gb"] == "b" and storage_roots(donated)["ga"] == "a"
+
+
+def test_no_donation_where_an_element_may_read_others_or_the_input_lives_on():
+    graph = chain()
+    with_transpose = {**ELEMENTWISE, 6: ("mul", "transpose")}  # h_bwd's output elements read other positions
+    assert "gb" not in find_donations(graph, with_transpose)
+    assert "transpose" not in DONATING_KINDS and "take_along_axis" not in DONATING_KINDS
+    with_sum = {**ELEMENTWISE, 6: ("mul", "sum")}  # a reduction in the region: not written over (Inductor's CPU code failed)
+    assert "gb" not in find_donations(graph, with_sum)
+    assert find_donations(graph, {}) == {}  # no member kinds known: nothing
+    # the forward's g reads a, which the backward reads again: b may not take it
+    assert "b" not in find_donations(graph, ELEMENTWISE)
+    # a pinned output (laid out otherwise by the runtime) keeps a buffer of its own
+    assert "gb" not in find_donations(graph, ELEMENTWISE, pinned={"gb"})
+    # a size mismatch: no donation
+    assert "gb" not in find_donations(chain(gb=150), ELEMENTWISE)
+    # gradients the step returns are never written over anything
+    assert "gw" not in find_donations(chain(gw=100, ga=100), ELEMENTWISE)
+
+
+class LossHead(torch.nn.Module):
+    """An embedding, a wide head and cross-entropy: the logits' gradient is the step's largest tensor."""
+
+    def __init__(self, vocab: int = 1024, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        logits = self.head(torch.nn.functional.gelu(self.wte(idx)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _step(fn, module, idx, targets):
+    for p in module.parameters():
+        p.grad = None
+    loss = fn(idx, targets)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("donate", [True, False])
+def test_the_graph_runtime_writes_the_logits_gradient_over_the_logits(monkeypatch, donate):
+    import thunder
+    from conftest import recorded_graphs
+    from remat.thunder.graph import InductorGraphTransform
+
+    graphs = recorded_graphs(monkeypatch)
+    module = LossHead()
+    idx = torch.randint(0, 1024, (4, 8))
+    targets = torch.randint(0, 1024, (4, 8))
+    expected_loss, expected_grads = _step(module, module, idx, targets)
+    jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(donate_dying_inputs=donate)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback
+        loss, grads = _step(jitted, module, idx, targets)
+    result = remat.executor_of(jitted).last_result
+    (graph,) = [b for b in thunder.last_backward_traces(jitted)[-1].bound_symbols if b.sym.name.startswith("remat_graph")]
+    callable_ = graph._call_ctx[graph.sym.name]
+    copies = [n for n in graphs[-1].graph.nodes if n.op == "call_function" and "copy_" in str(n.target)]
+    logits_bytes = 4 * 8 * 1024 * 4
+    if donate:
+        assert result.after_graph.donations and set(callable_.donated) == set(result.after_graph.donations)
+        assert copies, "each donated output is written with copy_ into its input"
+        largest = max(result.after_graph.tensors[o].bytes for o in result.after_graph.donations)
+        assert largest == logits_bytes  # the logits' gradient, over the logits
+    else:
+        assert not result.after_graph.donations and callable_.donated == () and not copies
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_donations_lower_the_estimate_by_the_buffers_they_spare():
+    from remat.thunder.graph import InductorGraphTransform
+
+    module = LossHead()
+    idx = torch.randint(0, 1024, (4, 8))
+    targets = torch.randint(0, 1024, (4, 8))
+    peaks = {}
+    for donate in (True, False):
+        jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(donate_dying_inputs=donate)])
+        _step(jitted, module, idx, targets)
+        peaks[donate] = remat.executor_of(jitted).last_result.after.peak_bytes
+    assert peaks[True] < peaks[False]
