@@ -32,3 +32,24 @@ def unit_graph(steps, sizes, *, params=(), inputs=(), forward_outputs=(), gradie
         units.append(Unit(index, name, kind, phase, tuple(ins), tuple(outs), (index,), 0))
         ops.append(Op(index, name, index, None, phase, tuple(ins), (None,) * len(ins), tuple(outs), tuple(sizes[o] for o in outs)))
     return FusionGraph(units, tensors, ops, forward_outputs=tuple(forward_outputs), gradients=tuple(gradients), is_joint=True)
+
+
+#: A joint chain small enough to compute by hand: x -> a -> b -> out; the backward reads b then a.
+CHAIN_STEPS = [
+    ("x", "input", [], ["x"]),
+    ("w", "input", [], ["w"]),
+    ("f", "region", ["x", "w"], ["a"]),
+    ("g", "region", ["a"], ["b"]),
+    ("h", "region", ["b"], ["out"]),
+    ("get_grad", "cotangent", [], ["gout"]),
+    ("h_bwd", "region", ["gout", "b"], ["gb"]),
+    ("g_bwd", "region", ["gb", "a"], ["ga"]),
+    ("f_bwd", "region", ["ga", "x"], ["gw"]),
+    ("return", "return", ["out", "gw"], []),
+]
+CHAIN_SIZES = dict(x=1000, w=50, a=100, b=200, out=10, gout=10, gb=200, ga=100, gw=50)
+
+
+def chain_graph(steps=CHAIN_STEPS, **sizes):
+    """:data:`CHAIN_STEPS` (or ``steps`` with its names) as a graph, ``sizes`` over :data:`CHAIN_SIZES`."""
+    return unit_graph(steps, {**CHAIN_SIZES, **sizes}, params=["w"], inputs=["x"], forward_outputs=["out"], gradients=["gw"])

@@ -284,6 +284,26 @@ def test_plan_memory_is_the_memory_of_the_rewritten_trace(fused_llama):
         assert point.peak_bytes == rewritten.peak_bytes
 
 
+def test_plan_memory_counts_the_donations_of_the_rewritten_trace(fused_llama):
+    """Under the graph runtime (``donate_dying_inputs``) the budget search measures plans with the
+    donations their rewritten traces will have (:mod:`remat.core.donation`): the simulated graph finds the
+    same ones as a read of the rewritten trace, and the same profile."""
+    from remat.core.layout import layout_graph, plan_layout
+    from remat.core.memory import profile_graph
+
+    graph = remat.read_trace(fused_llama, donate_dying_inputs=True)
+    assert graph.donating is not None
+    frontier = remat.pareto(graph)
+    donated = 0
+    for point in frontier:
+        simulated = layout_graph(graph, plan_layout(graph, point.plan))
+        rewritten = remat.read_trace(apply_plan(fused_llama, graph, point.plan).trace, ops=False, donate_dying_inputs=True)
+        assert len(simulated.donations) == len(rewritten.donations)
+        assert same_profile(profile_graph(simulated), profile_graph(rewritten))
+        donated += len(rewritten.donations)
+    assert donated > 0
+
+
 def test_frontier_starts_at_the_default_plan_and_trades_flops_for_peak(fused_llama):
     frontier = remat.pareto(fused_llama)
     default = remat.optimize(fused_llama, strict=True)

@@ -3,7 +3,7 @@
 import pytest
 
 import remat
-from helpers import unit_graph
+from helpers import CHAIN_STEPS, chain_graph, unit_graph
 from remat.core.memory import headroom, profile_graph
 
 
@@ -12,21 +12,7 @@ def live(profile):
 
 
 def test_chain():
-    # x -> a -> b -> out; the backward reads b then a.
-    steps = [
-        ("x", "input", [], ["x"]),
-        ("w", "input", [], ["w"]),
-        ("f", "region", ["x", "w"], ["a"]),
-        ("g", "region", ["a"], ["b"]),
-        ("h", "region", ["b"], ["out"]),
-        ("get_grad", "cotangent", [], ["gout"]),
-        ("h_bwd", "region", ["gout", "b"], ["gb"]),
-        ("g_bwd", "region", ["gb", "a"], ["ga"]),
-        ("f_bwd", "region", ["ga", "x"], ["gw"]),
-        ("return", "return", ["out", "gw"], []),
-    ]
-    sizes = dict(x=1000, w=50, a=100, b=200, out=10, gout=10, gb=200, ga=100, gw=50)
-    g = unit_graph(steps, sizes, params=["w"], inputs=["x"], forward_outputs=["out"], gradients=["gw"])
+    g = chain_graph()
     p = profile_graph(g)
     # step:            x  w  f    g    h    get_grad h_bwd g_bwd f_bwd return
     assert live(p) == [0, 0, 100, 300, 310, 320, 520, 410, 160, 60]
@@ -37,21 +23,9 @@ def test_chain():
 
 
 def test_headroom_is_the_peak_less_the_live_bytes_where_the_op_runs():
-    # The chain above with the last backward step an embedding gradient: live 160 there, peak 520.
-    steps = [
-        ("x", "input", [], ["x"]),
-        ("w", "input", [], ["w"]),
-        ("f", "region", ["x", "w"], ["a"]),
-        ("g", "region", ["a"], ["b"]),
-        ("h", "region", ["b"], ["out"]),
-        ("get_grad", "cotangent", [], ["gout"]),
-        ("h_bwd", "region", ["gout", "b"], ["gb"]),
-        ("g_bwd", "region", ["gb", "a"], ["ga"]),
-        ("embedding_backward", "op", ["ga", "x"], ["gw"]),
-        ("return", "return", ["out", "gw"], []),
-    ]
-    sizes = dict(x=1000, w=50, a=100, b=200, out=10, gout=10, gb=200, ga=100, gw=50)
-    g = unit_graph(steps, sizes, params=["w"], inputs=["x"], forward_outputs=["out"], gradients=["gw"])
+    # The chain with its last backward step an embedding gradient: live 160 there, peak 520.
+    steps = [step if step[0] != "f_bwd" else ("embedding_backward", "op", ["ga", "x"], ["gw"]) for step in CHAIN_STEPS]
+    g = chain_graph(steps)
     p = profile_graph(g)
     assert headroom(p, g, {"embedding_backward"}) == 520 - 160
     assert headroom(p, g, {"h_bwd"}) == 0  # the op that sets the peak leaves no room

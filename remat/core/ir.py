@@ -239,7 +239,10 @@ class FusionGraph:
     graph gives it; None for traces, whose costs follow from the memory model
     (:func:`remat.core.memory.save_cost`).  ``donations``: region outputs written into the storage of an
     input that dies at their region, output -> input (:mod:`remat.core.donation`; only for traces read
-    for the graph runtime); the memory model counts no new buffer for them.  ``origin``: what the reader read the graph from (for traces,
+    for the graph runtime); the memory model counts no new buffer for them.  ``donating``: None where
+    every region output gets a buffer of its own; else the runtime writes outputs over dying inputs, and
+    these values (attention's operands) are never written so: graphs simulated from this one for a plan
+    (:func:`remat.core.layout.layout_graph`, what budget searches measure) find their own donations.  ``origin``: what the reader read the graph from (for traces,
     :class:`remat.thunder.read.TraceOrigin`: the trace and its bound symbols); the core never looks inside.
     ``naming``: how the reader that made the graph works out :attr:`module_names` (called once, on first
     use, with the graph; None: no names).
@@ -257,6 +260,7 @@ class FusionGraph:
     origin: Any = None
     naming: Callable[[FusionGraph], ModuleNames | None] | None = None
     donations: Mapping[str, str] = field(default_factory=dict)
+    donating: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         # frozen: the containers are read-only views or tuples, so no stage can change a shared graph

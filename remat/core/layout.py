@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import re
 import weakref
+from types import MappingProxyType
 from collections import ChainMap
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
+from remat.core.donation import find_donations
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
 from remat.core.memory import profile_with_lifetimes
 from remat.core.ops import ALWAYS_VIEW_PRIMS, RETURN_KIND, VIEW_PRIMS
@@ -619,7 +621,7 @@ def host_recomputations(graph: FusionGraph, layout: Layout, saved: Collection[st
     # memory: moving host region R up to reader U (to the step of U's recompute region, which it
     # replaces) keeps R's outputs alive over the steps in between and frees the inputs R reads last
     # earlier; accepted while the live bytes there stay within the peak of ``layout``
-    simulated, unit_row = _layout_rows(graph, layout)
+    simulated, unit_row = _layout_rows(graph, layout, donations=False)  # planning counts every output a buffer
     profile, _, end = profile_with_lifetimes(simulated)
     step_of = {point.unit: point.step for point in profile.timeline}
     live = [point.live_bytes for point in profile.timeline]
@@ -669,12 +671,13 @@ def layout_graph(graph: FusionGraph, layout: Layout) -> FusionGraph:
     return _layout_rows(graph, layout)[0]
 
 
-def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[int, int]]:
+def _layout_rows(graph: FusionGraph, layout: Layout, donations: bool = True) -> tuple[FusionGraph, dict[int, int]]:
     """:func:`layout_graph`, and for every unit of ``graph`` still written, the index of its own unit
-    in the result."""
+    in the result.  ``donations=False``: none found, even where ``graph.donating`` asks for them."""
     ops, tensors = graph.ops, dict(graph.tensors)
     rows: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # (name, kind, inputs, outputs)
     row_phases: list[str] = []  # for plain graphs, whose phases are given
+    row_members: dict[int, tuple[int, ...]] = {}  # region rows -> their op nodes (for donations)
     unit_row: dict[int, int] = {}
     aliases: dict[str, str] = {}
     # forward name -> fresh name of each output of a re-issued stand-alone op, for every later edit
@@ -709,6 +712,8 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
                 views = _region_views(graph, unit.nodes, unit.inputs, unit.outputs, base_of)
                 aliases.update((name, base) for name, base in views.items() if name in unit.outputs)
             unit_row[edit.index] = len(rows)
+            if unit.kind == "region":
+                row_members[len(rows)] = unit.nodes
             rows.append((unit.name, unit.kind, unit.inputs, unit.outputs))
             row_phases.append(unit.phase)
             return {}
@@ -728,6 +733,7 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
                 for name, fresh in exported.items():
                     if name in views:  # a copy of a view of a region input is an alias of that input (nvFuser)
                         aliases[fresh] = views[name]
+                row_members[len(rows)] = tuple(stage.region)
                 rows.append((new_names.new_name(), "region", tuple(renamed.get(n, n) for n in inputs), tuple(exported.values())))
                 row_phases.append(BACKWARD)
                 renamed.update(exported)
@@ -756,11 +762,14 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
                     aliases[fresh] = views[name]
             if fresh_reads:
                 region_inputs = tuple(renamed.get(n, n) for n in inputs)
+                row_members[len(rows)] = tuple(edit.recompute)
                 rows.append((new_names.new_name(), "region", region_inputs, tuple(fresh_reads.values())))
                 row_phases.append(BACKWARD)
             renamed.update(fresh_reads)
             swapped = tuple(renamed.get(n, n) for n in unit.inputs)
             unit_row[edit.index] = len(rows)
+            if unit.kind == "region":
+                row_members[len(rows)] = unit.nodes
             rows.append((unit.name, unit.kind, swapped, unit.outputs))
             row_phases.append(unit.phase)
             if unit.inputs and unit.inputs[0] in renamed:  # a view of a recomputed value aliases the new copy
@@ -785,6 +794,7 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
                 if name in recompute_views:
                     aliases[exported[name]] = recompute_views[name]
         unit_row[edit.index] = len(rows)
+        row_members[len(rows)] = tuple(n for n in nodes if n not in edit.hoisted)
         rows.append((unit.name, "region", tuple(renamed.get(n, n) for n in inputs), region_outputs + tuple(exported.values())))
         row_phases.append(unit.phase)
         for n in edit.hoisted:
@@ -830,6 +840,7 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
                 tensors[out] = TensorInfo(
                     info.name, info.shape, info.dtype, info.bytes, info.kind, index, info.producer_node, phase, alias
                 )
+    donating = graph.donating if ops is not None and donations else None  # the runtime writes outputs over dying inputs
     simulated = FusionGraph(
         units,
         tensors,
@@ -839,5 +850,12 @@ def _layout_rows(graph: FusionGraph, layout: Layout) -> tuple[FusionGraph, dict[
         is_joint=graph.is_joint,
         explicit_saved=graph.explicit_saved,
         save_costs=graph.save_costs,
+        strides=graph.strides if donating is not None else {},
+        donating=donating,
     )
+    if donating is not None:
+        member_kinds = {row: tuple(ops[n].kind for n in nodes) for row, nodes in row_members.items()}
+        donations = find_donations(simulated, member_kinds, donating)
+        if donations:
+            object.__setattr__(simulated, "donations", MappingProxyType(donations))  # just built: no other reader yet
     return simulated, unit_row

@@ -421,9 +421,7 @@ def read_trace(
     if donate_dying_inputs:
         member_kinds = {i: tuple(op_kind(m) for m in r[0].subsymbols) for i, r in enumerate(raw) if r[2] == "region"}
         pinned = {p.name for r in raw for p in attention_operands(r[0])[1] if isinstance(p, TensorProxy)}
-        donations = find_donations(graph, member_kinds, pinned)
-        if donations:
-            graph = dataclasses.replace(graph, donations=donations)
+        graph = dataclasses.replace(graph, donating=frozenset(pinned), donations=find_donations(graph, member_kinds, pinned))
     return graph
 
 
