@@ -133,6 +133,11 @@ class Result:
             values = sorted(self.plan.recomputed_values, key=lambda name: -self.graph.tensors[name].bytes)
             shown = "; ".join(describe_values(self.graph, values[:count]))
             lines.append(f"recomputed:        {len(values)} values, largest {shown}")
+        if graph.donations:  # the graph runtime writes these over inputs dying at their regions
+            donated = sorted(graph.donations, key=lambda name: -graph.tensors[name].bytes)
+            total = format_bytes(sum(graph.tensors[name].bytes for name in donated))
+            shown = "; ".join(f"{line} over {graph.donations[name]}" for name, line in zip(donated[:count], describe_values(graph, donated[:count])))
+            lines.append(f"written in place:  {len(donated)} outputs ({total}), largest {shown}")
         return lines
 
     def __repr__(self) -> str:

@@ -103,11 +103,13 @@ def test_the_graph_runtime_writes_the_logits_gradient_over_the_logits(monkeypatc
         (live_without,) = [p.live_bytes for p in without.timeline if p.unit == unit]
         assert live_with == live_without - logits_bytes
         assert result.after.backward_peak_bytes < without.backward_peak_bytes
+        assert "written in place:" in result.summary()
         assert copies, "each donated output is written with copy_ into its input"
         largest = max(result.after_graph.tensors[o].bytes for o in result.after_graph.donations)
         assert largest == logits_bytes  # the logits' gradient, over the logits
     else:
         assert not result.after_graph.donations and callable_.donated == () and not copies
+        assert "written in place" not in result.summary()
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -450,6 +450,12 @@ class GraphCallable:
                     if self.laid_out_attention
                     else ""
                 )
+                if self.donated:
+                    estimate += (
+                        f"; the estimate counted {len(self.donated)} region outputs written over inputs dying there "
+                        "(remat.core.donation), which region by region get buffers of their own: the measured peak "
+                        "can be above it by those"
+                    )
                 warn(
                     f"Inductor could not compile {self.name} as one graph; it runs region by region instead "
                     f"({self.failed.splitlines()[0][:200]}){estimate}",
