@@ -113,3 +113,32 @@ def test_the_graph_runtime_writes_the_logits_gradient_over_the_logits(monkeypatc
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_graph_carries_out_only_donations_of_inputs_it_owns(monkeypatch):
+    """The runtime's own check (``_donated_positions``): a planned donation whose input the graph does not
+    own (not made in it, not drained from the saved tensors) is not carried out, and is reported."""
+    import thunder
+    from conftest import recorded_graphs
+    from remat.thunder.graph import _donated_positions
+
+    recorded_graphs(monkeypatch)  # the graphs run as FX graphs: no C++ build
+
+    module = LossHead()
+    idx = torch.randint(0, 1024, (4, 8))
+    targets = torch.randint(0, 1024, (4, 8))
+    jitted = remat.jit(module, runtime="inductor-graph")
+    _step(jitted, module, idx, targets)
+    planned = remat.executor_of(jitted).graph_transform.planned_donations()
+    assert planned
+    (region_name, output), position = next(iter(planned.items()))
+    backward = thunder.last_backward_traces(jitted)[-2]  # before the graph transform
+    bsyms = list(backward.bound_symbols)
+    (region,) = [b for b in bsyms if b.sym.name == region_name]
+    donor = list(dict.fromkeys(p.name for p in region.flat_proxy_args))[position]
+    owned = _donated_positions(bsyms, planned, drained={donor}, defined=set(), needed_after=set())
+    assert output in {name for positions in owned.values() for name in positions}
+    skipped: list[str] = []
+    assert _donated_positions(bsyms, planned, drained=set(), defined=set(), needed_after=set(), skipped=skipped) == {}
+    assert output in skipped
+    assert not any("get buffers of their own" in note for note in remat.executor_of(jitted).graph_transform.notes)

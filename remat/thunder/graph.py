@@ -395,6 +395,7 @@ class GraphCallable:
         self.fallback = fallback
         self.failed: str | None = None
         self.donated: tuple[str, ...] = ()  # region outputs written over a dying input (compile_trace_body)
+        self.undonated: tuple[str, ...] = ()  # planned so, but not carried out (the estimate is low by them)
         self.path: str | None = None
         self._compiled: dict[tuple, Callable] = {}  # input strides -> compiled graph
 
@@ -476,7 +477,7 @@ def compile_trace_body(
     separate_regions: bool = True,
     embedding_scratch_limit: int = EMBEDDING_SCRATCH_LIMIT,
     token_major_attention: bool = True,
-    donations: Mapping[str, int] | None = None,
+    donations: Mapping[tuple[str, str], int] | None = None,
 ) -> tuple[TraceCtx, str | None]:
     """``trace`` with its body (everything but unpacking, collection clearing and the return) replaced by
     one bound symbol running a :class:`GraphCallable`, and None; or ``trace`` itself and the reason it was
@@ -485,8 +486,8 @@ def compile_trace_body(
     (:func:`_separate_regions_choices`); ``embedding_scratch_limit``: see :func:`_decompositions`;
     ``token_major_attention``: region outputs that attention reads as query, key or value are laid out
     token-major (:func:`token_major_strides`).  ``donations``: region outputs to write into the storage
-    of an input dying at their region, output -> that input's position among the region's distinct
-    inputs (the plan's, :mod:`remat.core.donation`); one
+    of an input dying at their region, (region name, output name) -> that input's position among the
+    region's distinct inputs (the plan's, :mod:`remat.core.donation`); one
     whose input the graph does not own (a tensor it is handed and does not drain) or reads again is
     written into a buffer of its own instead (:func:`_donated_positions`)."""
     bsyms = list(trace.bound_symbols)
@@ -538,7 +539,8 @@ def compile_trace_body(
 
     with_dels = bsyms[first : last + 1]  # Thunder's ``del`` statements free intermediates in the fallback
     token_major = frozenset(_attention_inputs(with_dels)) if lays_out_token_major(token_major_attention, materialize_region_outputs) else frozenset()
-    donated = _donated_positions(with_dels, donations or {}, drained_names, defined, needed_after) if materialize_region_outputs else {}
+    skipped: list[str] = []
+    donated = _donated_positions(with_dels, donations or {}, drained_names, defined, needed_after, skipped) if materialize_region_outputs else {}
     traceable = [
         _traceable(b, materialize_region_outputs, region, token_major, donated.get(region)) for region, b in enumerate(with_dels)
     ]
@@ -549,6 +551,7 @@ def compile_trace_body(
         laid_out_attention=bool(token_major),
     )
     callable_.donated = tuple(name for positions in donated.values() for name in positions)
+    callable_.undonated = tuple(skipped)
     sym = Symbol(name, meta=None, is_fusion=True, executor=None)
     graph_bsym = BoundSymbol(sym, (*collections, *tensor_inputs), {}, tuple(outputs), tuple(body), _call_ctx={name: callable_})
 
@@ -569,11 +572,17 @@ def compile_trace_body(
 
 
 def _donated_positions(
-    bsyms: Sequence[BoundSymbol], donations: Mapping[str, int], drained: set[str], defined: set[str], needed_after: set[str]
+    bsyms: Sequence[BoundSymbol],
+    donations: Mapping[tuple[str, str], int],
+    drained: set[str],
+    defined: set[str],
+    needed_after: set[str],
+    skipped: list[str] | None = None,
 ) -> dict[int, dict[str, int]]:
     """The donations the graph carries out, by position of the region in ``bsyms``: output name -> the
-    position of its donor among the region's arguments.  ``donations``: output name -> the donor's
-    position among the region's distinct inputs.  A donor must be a tensor the graph owns (made in the
+    position of its donor among the region's arguments.  ``donations``: (region name, output name) -> the
+    donor's position among the region's distinct inputs; those not carried out are appended to
+    ``skipped``.  A donor must be a tensor the graph owns (made in the
     body or drained from a saved-tensor collection: ``drained``/``defined``) that no later symbol of the
     body reads and nothing after the body needs, with the output's dtype and size; the plan's rule
     (:func:`remat.core.donation.find_donations`) already holds that on the joint trace: this is the
@@ -592,7 +601,7 @@ def _donated_positions(
         inputs = list(dict.fromkeys(p.name for p in bsym.flat_proxy_args))  # as the reader lists a unit's inputs
         arguments = [a.name if isinstance(a, TensorProxy) else None for a in bsym.args]
         for proxy in tree_flatten(bsym.output)[0]:
-            index = donations.get(getattr(proxy, "name", None))
+            index = donations.get((bsym.sym.name, getattr(proxy, "name", None)))
             if index is None or not isinstance(proxy, TensorProxy):
                 continue
             donor = inputs[index] if index < len(inputs) else None
@@ -609,6 +618,8 @@ def _donated_positions(
                 result.setdefault(position, {})[proxy.name] = argument
             else:
                 logger.info("remat inductor-graph: %s is not written over %s (the graph does not own it here)", proxy.name, donor)
+                if skipped is not None:
+                    skipped.append(proxy.name)
     return result
 
 
@@ -658,11 +669,11 @@ class InductorGraphTransform(Transform):
         self.notes: list[str] = []
         self._count = 0
 
-    def planned_donations(self) -> Mapping[str, int]:
+    def planned_donations(self) -> Mapping[tuple[str, str], int]:
         """The donations of the plan being compiled (:mod:`remat.core.donation`; the plan's memory estimate
-        counts them), or none without a plan: output name -> the donor's position among its region's
-        inputs.  By position: Thunder's split gives the backward's regions new names for their inputs
-        (the saved tensors), while their outputs keep theirs."""
+        counts them), or none without a plan: (region name, output name) -> the donor's position among
+        the region's inputs.  By position: Thunder's split gives the backward's regions new names for
+        their inputs (the saved tensors), while the regions and their outputs keep theirs."""
         result = self.plan_source() if self.plan_source is not None and self.donate_dying_inputs else None
         if result is None or not result.after_graph.donations:
             return {}
@@ -670,7 +681,7 @@ class InductorGraphTransform(Transform):
         positions = {}
         for output, donor in graph.donations.items():
             unit = graph.units[graph.tensors[output].producer_unit]
-            positions[output] = unit.inputs.index(donor)
+            positions[(unit.name, output)] = unit.inputs.index(donor)
         return positions
 
     def scratch_limit(self, trace: TraceCtx) -> int:
@@ -700,4 +711,12 @@ class InductorGraphTransform(Transform):
             self.notes.append(note)
         else:
             self._count += 1
+            (graph,) = [b for b in new_trace.bound_symbols if b.sym.name == name]
+            undonated = graph._call_ctx[name].undonated
+            if undonated:
+                self.notes.append(
+                    f"{computation_trace.siginfo().name}: {len(undonated)} region outputs the plan writes over dying inputs "
+                    f"get buffers of their own ({', '.join(undonated[:4])}): the graph does not own those inputs; the "
+                    "measured peak can be above the estimate by them"
+                )
         return new_trace
