@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--vocab", type=int, default=512, help="the model's vocabulary (default 512: logits small next to activations)")
     parser.add_argument("--width", default="full", choices=("full", "demo"), help="demo: n_embd 128, fp32 (a real vocabulary's logits then dominate)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), help="the parameters' dtype (default: bf16 at full width, fp32 at demo width)")
     parser.add_argument("--variants", nargs="+", default=["graph", "graph-reuse", "graph-fuse-regions"], choices=sorted(VARIANTS))
     parser.add_argument("--budgets", nargs="+", default=[None], type=_budget,
                         help="remat memory budgets: fractions of the default plan's estimated peak, sizes such as "
@@ -89,7 +90,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="a .jsonl file the records are appended to")
     args = parser.parse_args()
 
-    module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu", batch=args.batch, vocab=args.vocab, width=args.width)
+    module, params, idx, targets = build(args.model, args.layers, args.seq, device="cpu", batch=args.batch, vocab=args.vocab, width=args.width,
+        dtype={"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype),
+    )
     for variant, budget in [(v, b) for b in args.budgets for v in args.variants]:
         start = time.perf_counter()
         transform = InductorGraphTransform(**VARIANTS[variant])
@@ -99,7 +102,7 @@ def main() -> None:
         peaks = [step_peak_bytes(fn, params, idx, targets) for _ in range(2)]
         estimate = remat.executor_of(fn).last_result.after.peak_bytes
         record = dict(
-            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab, width=args.width, variant=variant, budget=budget, device="cpu", run=RUN,
+            model=args.model, layers=args.layers, seq=args.seq, batch=args.batch, vocab=args.vocab, width=args.width, dtype=args.dtype, variant=variant, budget=budget, device="cpu", run=RUN,
             first_call_s=round(first_call_s, 1), peak_mib=round(max(peaks) / MIB, 1),
             estimated_peak_mib=round(estimate / MIB, 1), peak_over_estimate=round(max(peaks) / estimate, 4),
         )

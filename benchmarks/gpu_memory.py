@@ -107,11 +107,13 @@ class WithLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
-def build(name: str, layers: int, seq: int, device: str = "cuda", batch: int = 1, vocab: int = VOCAB, width: str = "full"):
+def build(
+    name: str, layers: int, seq: int, device: str = "cuda", batch: int = 1, vocab: int = VOCAB, width: str = "full", dtype=None
+):
     """The measured setup: a bf16 LitGPT config with vocab 512 (``vocab``) and the loss inside, its
     trainable parameters, and one batch of token ids and targets (seeded).  ``width="demo"``: shrunk to
-    n_embd 128, fp32 (``remat.models.litgpt_model``)."""
-    model, idx = litgpt_model(name, layers, seq, batch=batch, device=device, vocab=vocab, width=width)  # seed 0; idx drawn right after the weights
+    n_embd 128, fp32 unless ``dtype`` says otherwise (``remat.models.litgpt_model``)."""
+    model, idx = litgpt_model(name, layers, seq, batch=batch, device=device, vocab=vocab, width=width, dtype=dtype)  # seed 0; idx drawn right after the weights
     module = WithLoss(model)
     params = [p for p in module.parameters() if p.requires_grad]
     targets = torch.randint(0, vocab, (batch, seq), device=device)
