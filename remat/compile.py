@@ -114,7 +114,6 @@ def install(
         plan=plan,
     )
     _plan_for_graph_layout(chosen[-1], transforms)
-    _serve(chosen[-1], transforms)
     return install_defaults(chosen, transforms)
 
 
@@ -164,7 +163,6 @@ def jit(
         jit_options["transforms"] = [*jit_options.get("transforms", ()), graph_transform]
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
     _plan_for_graph_layout(ex, jit_options.get("transforms", ()))
-    _serve(ex, jit_options.get("transforms", ()))
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
 
@@ -174,8 +172,13 @@ def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:
     executor plans with that layout's memory model (``optimize(..., token_major_attention=True)``) for
     traces that will run as graphs (:func:`remat.thunder.graph.runs_as_graphs`): the reshape of attention's
     output for the output projection is a view there, not a copy; and regions write outputs over inputs
-    dying there (``donate_dying_inputs=True``, :mod:`remat.core.donation`)."""
+    dying there (``donate_dying_inputs=True``, :mod:`remat.core.donation`).  Each graph transform reads
+    the plan of the trace it compiles from ``ex`` (``plan_source``: the donations to carry out, the room
+    for the embedding gradient's scratch)."""
     graphs = [t for t in transforms or () if isinstance(t, InductorGraphTransform)]
+    for transform in graphs:
+        if transform.plan_source is None:
+            transform.plan_source = lambda: ex.last_result
     token_major = any(lays_out_token_major(t.token_major_attention, t.materialize_region_outputs) for t in graphs)
     donating = any(t.donate_dying_inputs and t.materialize_region_outputs for t in graphs)
     if (token_major or donating) and ex.optimizer is not None:
@@ -186,14 +189,6 @@ def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:
             return planned(fused, token_major_attention=token_major and as_graphs, donate_dying_inputs=donating and as_graphs)
 
         ex.optimizer = optimizer
-
-
-def _serve(ex: RematExecutor, transforms: Any) -> None:
-    """Graph transforms among ``transforms`` read the plan of the trace they compile from ``ex`` (the
-    embedding gradient's scratch is sized against its estimated peak: ``InductorGraphTransform``)."""
-    for transform in transforms or ():
-        if isinstance(transform, InductorGraphTransform) and transform.plan_source is None:
-            transform.plan_source = lambda: ex.last_result
 
 
 def executor_of(jitted: Any) -> RematExecutor:

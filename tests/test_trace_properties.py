@@ -99,6 +99,16 @@ def execute(trace, inputs, rng_seed=0):
     return execute_joint(trace, inputs, seed=rng_seed)
 
 
+def assert_same_results(expected, got) -> None:
+    """Every output and gradient of two executions equal bit for bit (NaNs in the same places); a value
+    missing (None) in one is missing in the other."""
+    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads, strict=True):
+        if a is None:
+            assert b is None
+            continue
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+
+
 @shared_examples
 @trace_settings
 @given(CASES)
@@ -220,11 +230,7 @@ def test_target_reads_keep_numerics(case):
     assert not any(b.sym.name == "take_along_axis" for b in rewritten.bound_symbols)
     inputs = example_inputs(p.joint, dtype=torch.float64)
     expected, got = execute(p.joint, inputs), execute(rewritten, inputs)
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads, strict=True):
-        if a is None:
-            assert b is None
-            continue
-        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    assert_same_results(expected, got)
 
 
 @settings(own_trace_settings, max_examples=10 if CI else TRACE_EXAMPLES)
@@ -243,11 +249,7 @@ def test_target_reads_keep_numerics_with_cross_entropy(program):
     assert not any(b.sym.name == "take_along_axis" for top in optimized.bound_symbols for b in [top, *top.subsymbols])
     inputs = example_inputs(joint, dtype=torch.float64)
     expected, got = execute(joint, inputs), execute(optimized, inputs)
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads, strict=True):
-        if a is None:
-            assert b is None
-            continue
-        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    assert_same_results(expected, got)
 
 
 @shared_examples
@@ -314,11 +316,7 @@ def test_optimized_trace_matches_original_numerics(case):
     expected = execute(p.fused, inputs)
     got = execute(p.result.trace, inputs)
     assert len(expected.outputs) == len(got.outputs) and len(expected.grads) == len(got.grads)
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
-        if a is None:
-            assert b is None
-            continue
-        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    assert_same_results(expected, got)
 
 
 @shared_examples
@@ -334,11 +332,7 @@ def test_any_safe_policy_keeps_numerics(case):
     check_trace_well_formed(res.trace)
     inputs = example_inputs(p.fused, dtype=torch.float64)
     expected, got = execute(p.fused, inputs), execute(res.trace, inputs)
-    for a, b in zip(expected.outputs + expected.grads, got.outputs + got.grads):
-        if a is None:
-            assert b is None
-            continue
-        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+    assert_same_results(expected, got)
     # Re-planning another trace (Thunder's, or the input) may well recompute.  So may re-planning under
     # unfused_readers=False: which values a backward op outside every region reads depends on the regions,
     # and the rewrite moves readers into regions (a value kept for a stand-alone view becomes one that a

@@ -30,11 +30,12 @@ notes it.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
 
 from remat.core.ir import FusionGraph
 from remat.core.ops import NVFUSER_ELEMENTWISE_PRIMS
 
-__all__ = ["DONATING_KINDS", "find_donations", "storage_roots"]
+__all__ = ["DONATING_KINDS", "find_donations", "with_donations", "storage_roots"]
 
 #: Operations a region may hold for its outputs to be written over a dying input: elementwise ones, and
 #: those that only broadcast a value, change the shape of a contiguous one, or make a constant.  No slice,
@@ -109,6 +110,16 @@ def find_donations(
                 living[storage].append(output)
                 break
     return donations
+
+
+def with_donations(graph: FusionGraph, member_kinds: Mapping[int, Sequence[str]], pinned: Collection[str]) -> FusionGraph:
+    """``graph``, just built and not yet read by anyone, marked as run where region outputs are written
+    over dying inputs (``donating``: ``pinned``) and given its donations (:func:`find_donations`).  Set in
+    place rather than copied: the reader and every plan a budget search simulates call this, and a copy
+    of a frozen graph copies its tensor table."""
+    object.__setattr__(graph, "donating", frozenset(pinned))
+    object.__setattr__(graph, "donations", MappingProxyType(find_donations(graph, member_kinds, pinned)))
+    return graph
 
 
 def _fits(tensors: Mapping, donor: str, storage: str, out, strides: Mapping) -> bool:

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import re
 import weakref
-from types import MappingProxyType
 from collections import ChainMap
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from remat.core.donation import find_donations
+from remat.core.donation import with_donations
 from remat.core.ir import BACKWARD, FORWARD, FusionGraph, Op, TensorInfo, Unit, split_phases
 from remat.core.memory import profile_with_lifetimes
 from remat.core.ops import ALWAYS_VIEW_PRIMS, RETURN_KIND, VIEW_PRIMS
@@ -851,11 +850,7 @@ def _layout_rows(graph: FusionGraph, layout: Layout, donations: bool = True) -> 
         explicit_saved=graph.explicit_saved,
         save_costs=graph.save_costs,
         strides=graph.strides if donating is not None else {},
-        donating=donating,
     )
     if donating is not None:
-        member_kinds = {row: tuple(ops[n].kind for n in nodes) for row, nodes in row_members.items()}
-        donations = find_donations(simulated, member_kinds, donating)
-        if donations:
-            object.__setattr__(simulated, "donations", MappingProxyType(donations))  # just built: no other reader yet
+        with_donations(simulated, {row: tuple(ops[n].kind for n in nodes) for row, nodes in row_members.items()}, donating)
     return simulated, unit_row

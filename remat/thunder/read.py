@@ -22,7 +22,6 @@ from the op table (:mod:`remat.core.ops`) through :func:`symbol_facts`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from thunder.core.trace import TraceCtx, TraceTag
 from thunder.distributed import prims as dist_prims
 from thunder.executors import pythonex, torchex
 
-from remat.core.donation import find_donations
+from remat.core.donation import with_donations
 from remat.core.ir import (
     BACKWARD,
     FORWARD,
@@ -421,7 +420,7 @@ def read_trace(
     if donate_dying_inputs:
         member_kinds = {i: tuple(op_kind(m) for m in r[0].subsymbols) for i, r in enumerate(raw) if r[2] == "region"}
         pinned = {p.name for r in raw for p in attention_operands(r[0])[1] if isinstance(p, TensorProxy)}
-        graph = dataclasses.replace(graph, donating=frozenset(pinned), donations=find_donations(graph, member_kinds, pinned))
+        with_donations(graph, member_kinds, pinned)
     return graph
 
 
