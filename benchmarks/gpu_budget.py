@@ -157,6 +157,14 @@ FUSED_LOSS_GRADIENT = "+fused-loss-gradient"
 TARGET_READS = "+target-reads"
 #: A ``--runtime`` suffix: remat with ``FusionPolicy(target_reads=False)``, Thunder's gather from a padded copy.
 GATHERED_TARGETS = "+gathered-targets"
+#: A ``--runtime`` suffix of ``inductor-graph``: the graph runtime without donation
+#: (``InductorGraphTransform(donate_dying_inputs=False)``): every region output in a buffer of its own.
+NO_DONATION = "+no-donation"
+#: A ``--runtime`` suffix of ``inductor-graph``: attention's query, key and value left in the layout their
+#: region gives them (``InductorGraphTransform(token_major_attention=False)``), not token by token.
+HEAD_MAJOR = "+head-major"
+#: The suffixes that set an ``InductorGraphTransform`` argument, and what they set
+GRAPH_SUFFIXES = {NO_DONATION: {"donate_dying_inputs": False}, HEAD_MAJOR: {"token_major_attention": False}}
 #: The suffixes that set a ``FusionPolicy`` field, and what they set (they add up, the last one winning)
 FUSION_SUFFIXES = {
     TRANSPOSED_CAT: {"transposed_cat": True},
@@ -172,16 +180,27 @@ def runtime_options(runtime: str) -> tuple[str, dict]:
     import remat
 
     base, *suffixes = runtime.split("+")
-    options: dict = {}
+    options: dict = {"transforms": []}
+    graph_arguments: dict = {}
     for suffix in ("+" + s for s in suffixes):
         if suffix == PRUNED:  # docs/api.md, "Recipe: less host time before the first kernel"
             from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
 
-            options["transforms"] = [PrunePrologueChecks()]
+            options["transforms"].append(PrunePrologueChecks())
         elif suffix in FUSION_SUFFIXES:
             options["fusion"] = dataclasses.replace(options.get("fusion", remat.FusionPolicy()), **FUSION_SUFFIXES[suffix])
+        elif suffix in GRAPH_SUFFIXES and base == "inductor-graph":
+            graph_arguments.update(GRAPH_SUFFIXES[suffix])
         else:
-            raise ValueError(f"unknown --runtime suffix {suffix} (known: {', '.join((PRUNED, *FUSION_SUFFIXES))})")
+            known = ", ".join((PRUNED, *FUSION_SUFFIXES, *(f"{s} (inductor-graph only)" for s in GRAPH_SUFFIXES)))
+            raise ValueError(f"unknown --runtime suffix {suffix} for {base} (known: {known})")
+    if graph_arguments:  # the graph runtime spelled out: Inductor regions and a graph transform of one's own
+        from remat.thunder.graph import InductorGraphTransform
+
+        base = "inductor"
+        options["transforms"].append(InductorGraphTransform(**graph_arguments))
+    if not options["transforms"]:
+        del options["transforms"]
     return base, options
 
 

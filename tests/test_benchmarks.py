@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -185,6 +187,24 @@ def test_the_budget_benchmark_gives_remat_torch_compiles_measured_peak_right_aft
     # ... with it (a default plan of 9500 MiB), by their bytes: 0.8 x torch.compile 0.8's peak fell below it
     # in an H100 sweep (7894 MiB against a 7987 MiB default plan), and the monotonicity check read a fall as a rise
     assert sorted(budgets, key=lambda b: gpu_budget._order(b, 9500.0)) == [None, "10291MiB", 1.0, "9000MiB", 0.9, "min"]
+
+
+def test_runtime_suffixes_of_the_budget_benchmark_set_the_graph_transform_and_the_fusion_policy():
+    import remat
+    from remat.thunder.graph import InductorGraphTransform
+
+    gpu_budget = load_gpu_budget()
+    assert gpu_budget.runtime_options("inductor-graph") == ("inductor-graph", {})
+    base, options = gpu_budget.runtime_options("inductor-graph+no-donation+head-major+transposed-cat")
+    (transform,) = options["transforms"]
+    assert base == "inductor" and isinstance(transform, InductorGraphTransform)
+    assert transform.donate_dying_inputs is False and transform.token_major_attention is False
+    assert options["fusion"] == remat.FusionPolicy(transposed_cat=True)
+    # the graph's own arguments mean nothing to region-by-region runtimes: refused, not ignored
+    with pytest.raises(ValueError, match=r"\+no-donation for auto"):
+        gpu_budget.runtime_options("auto+no-donation")
+    with pytest.raises(ValueError, match="unknown --runtime suffix"):
+        gpu_budget.runtime_options("inductor-graph+fast")
 
 
 def test_the_budget_table_keeps_each_runtime_of_remat_a_system_of_its_own():
