@@ -35,7 +35,10 @@ between regions, as before remat fused it), the suffix ``+fused-loss-gradient`` 
 ``FusionPolicy(loss_gradient=True)`` (fused on nvFuser too, where ``"auto"`` keeps aten's op), the suffix
 ``+target-reads`` with ``FusionPolicy(target_reads=True)`` (nll_loss's read at the targets as a row
 reduction; the default ``"auto"`` does it except under nvFuser), ``+gathered-targets`` with
-``target_reads=False`` (Thunder's gather); suffixes combine (``inductor-graph+transposed-cat+prune``).
+``target_reads=False`` (Thunder's gather); and for ``inductor-graph`` only, ``+no-donation`` with
+``InductorGraphTransform(donate_dying_inputs=False)`` (every region output in a buffer of its own) and
+``+head-major`` with ``token_major_attention=False`` (attention's operands as their regions lay them out);
+suffixes combine (``inductor-graph+transposed-cat+prune``).
 
 ``--vocab V`` (default 512) sets the model's vocabulary: at a real one (32000) the logits, their float32
 log-softmax and its gradient set the peak at the start of the backward.
@@ -657,7 +660,7 @@ def main() -> None:
     parser.add_argument("--model", default="Llama-2-7b-hf")
     parser.add_argument("--runtime", nargs="+", default=["auto"],
                         help="remat's runtime= (what runs its regions): auto (nvFuser), inductor, inductor-graph, each also with the suffixes +prune "
-                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)), +aten-loss-gradient (FusionPolicy(loss_gradient=False)), +fused-loss-gradient (loss_gradient=True), +target-reads (target_reads=True) and +gathered-targets (target_reads=False); "
+                        "(Thunder's PrunePrologueChecks), +transposed-cat (FusionPolicy(transposed_cat=True)), +aten-loss-gradient (FusionPolicy(loss_gradient=False)), +fused-loss-gradient (loss_gradient=True), +target-reads (target_reads=True) and +gathered-targets (target_reads=False); inductor-graph also with +no-donation and +head-major (InductorGraphTransform arguments); "
                         "several: each remat row once per runtime")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=8192)
