@@ -139,7 +139,9 @@ def jit(
     ``runtime="inductor-graph"`` (only here, not in :func:`executor`): remat plans as always, then the
     planned forward and the planned backward each run as one Inductor graph instead of region by region
     (:mod:`remat.thunder.graph`: one host call each way instead of 30-40); traces it cannot take (random
-    numbers, in-place writes) run with ``"inductor"`` regions.
+    numbers, in-place writes) run with ``"inductor"`` regions.  To set the graph's own arguments, pass
+    ``transforms=[remat.thunder.graph.InductorGraphTransform(...)]`` with it: that transform is used
+    instead of a default one (at most one per call).
     Extra keyword arguments go to ``thunder.jit``.  The executor is reachable as
     ``remat.executor_of(jitted)`` to inspect ``last_result`` (the plan of the last compilation).
     """
@@ -148,21 +150,25 @@ def jit(
     for old, new in _RENAMED.items():  # thunder.jit would take them as compile options, silently
         if old in jit_options:
             raise TypeError(f"remat.jit: {old}= was renamed: {new}")
-    graph_transform = None
+    given = [t for t in jit_options.get("transforms") or () if isinstance(t, InductorGraphTransform)]
+    if len(given) > 1:
+        raise ValueError(f"remat.jit takes at most one InductorGraphTransform in transforms=, got {len(given)}")
+    graph_transform = given[0] if given else None
     if runtime == GRAPH_RUNTIME:  # Inductor regions, then each planned trace as one graph (a Thunder transform)
-        if memory_budget is not None:
-            warn(
-                f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, and "
-                "Inductor schedules the whole graph itself; its peak measured at the estimate (within 0.2%) for the "
-                "budget plans tried on LitGPT blocks, on the GPU and the CPU, but nothing binds it there "
-                "(docs/benchmarks.md); where the budget must hold, run region by region (runtime='auto' or 'inductor')",
-                UserWarning,
-            )
         runtime = "inductor"
-        graph_transform = InductorGraphTransform()
-        jit_options["transforms"] = [*jit_options.get("transforms", ()), graph_transform]
+        if graph_transform is None:  # else the user's, with its arguments (e.g. donate_dying_inputs=False)
+            graph_transform = InductorGraphTransform()
+            jit_options["transforms"] = [*(jit_options.get("transforms") or ()), graph_transform]
+    if graph_transform is not None and memory_budget is not None:
+        warn(
+            f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, and "
+            "Inductor schedules the whole graph itself; its peak measured at the estimate (within 0.2%) for the "
+            "budget plans tried on LitGPT blocks, on the GPU and the CPU, but nothing binds it there "
+            "(docs/benchmarks.md); where the budget must hold, run region by region (runtime='auto' or 'inductor')",
+            UserWarning,
+        )
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
-    _plan_for_graph_layout(ex, jit_options.get("transforms", ()))
+    _plan_for_graph_layout(ex, jit_options.get("transforms"))
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
 

@@ -84,7 +84,11 @@ def test_the_graph_runtime_writes_the_logits_gradient_over_the_logits(monkeypatc
     idx = torch.randint(0, 1024, (4, 8))
     targets = torch.randint(0, 1024, (4, 8))
     expected_loss, expected_grads = _step(module, module, idx, targets)
-    jitted = remat.jit(module, runtime="inductor", transforms=[InductorGraphTransform(donate_dying_inputs=donate)])
+    transform = InductorGraphTransform(donate_dying_inputs=donate)
+    jitted = remat.jit(module, runtime="inductor-graph", transforms=[transform])
+    # the graph transform given is the one used, not one more beside it
+    assert remat.executor_of(jitted).graph_transform is transform
+    assert [t for t in thunder.compile_data(jitted).transforms if isinstance(t, InductorGraphTransform)] == [transform]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no fallback
         loss, grads = _step(jitted, module, idx, targets)

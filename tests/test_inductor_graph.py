@@ -13,7 +13,7 @@ import remat
 import remat.thunder  # noqa: F401  (its compat bridge first: then Thunder imports on torch 2.13)
 import thunder
 from conftest import recorded_graphs, train_step
-from remat.thunder.graph import REGION_KEY, GraphCallable, _annotate, _materialized, _regions_of
+from remat.thunder.graph import REGION_KEY, GraphCallable, InductorGraphTransform, _annotate, _materialized, _regions_of
 from remat.thunder.inductor import InductorRegionCallable
 from test_inductor import Block
 
@@ -279,6 +279,16 @@ def test_a_budget_with_the_graph_runtime_warns_that_the_peak_may_exceed_it():
     with pytest.warns(UserWarning, match="memory_budget is planned against remat's estimate.*region by region"):
         jitted = remat.jit(Block(), memory_budget=0.8, runtime="inductor-graph")
     assert remat.executor_of(jitted).graph_transform is not None
+    # the graph runtime spelled out (Inductor regions and a transform of one's own) is the same runtime
+    transform = InductorGraphTransform(donate_dying_inputs=False)
+    with pytest.warns(UserWarning, match="memory_budget is planned against remat's estimate"):
+        jitted = remat.jit(Block(), memory_budget=0.8, runtime="inductor", transforms=[transform])
+    assert remat.executor_of(jitted).graph_transform is transform
+
+
+def test_jit_takes_one_graph_transform_at_most():
+    with pytest.raises(ValueError, match="at most one InductorGraphTransform"):
+        remat.jit(Block(), runtime="inductor-graph", transforms=[InductorGraphTransform(), InductorGraphTransform()])
 
 
 def test_an_executor_alone_refuses_the_graph_runtime():
