@@ -9,7 +9,7 @@ solver (the adapter never imports the pipeline: the pipeline is passed in).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from remat.core.memory import MemoryBudget
@@ -91,6 +91,7 @@ def install(
     strict: bool = False,
     attention: str = "auto",
     plan: bool = True,
+    transforms: Sequence[Any] = (),
 ) -> DefaultsInstalled:
     """Make remat Thunder's default fusion executor (:func:`executors` with these arguments), so that
     ``thunder.jit(fn)`` and ThunderFX without ``executors=``, e.g. in a trainer you do not own, compile
@@ -98,11 +99,10 @@ def install(
     ``.uninstall()`` on the returned object.  Functions jitted while installed keep remat.
     ``runtime="inductor-graph"``: ``"inductor"`` regions, and remat's graph transform added to every
     ``thunder.jit`` call while installed (:class:`~remat.thunder.executor.DefaultsInstalled`), ThunderFX's
-    included: its backend looks ``thunder.jit`` up when it compiles a graph."""
-    transforms = []
-    if runtime == GRAPH_RUNTIME:
-        runtime = "inductor"
-        transforms.append(InductorGraphTransform())
+    included: its backend looks ``thunder.jit`` up when it compiles a graph.  ``transforms``: Thunder
+    transforms added to every ``thunder.jit`` call while installed; an ``InductorGraphTransform`` among
+    them is the graph runtime's, with its arguments, instead of a default one (as in :func:`jit`)."""
+    runtime, transforms, _ = _with_graph_transform(runtime, transforms)
     chosen = executors(
         memory_budget,
         runtime=runtime,
@@ -150,15 +150,10 @@ def jit(
     for old, new in _RENAMED.items():  # thunder.jit would take them as compile options, silently
         if old in jit_options:
             raise TypeError(f"remat.jit: {old}= was renamed: {new}")
-    given = [t for t in jit_options.get("transforms") or () if isinstance(t, InductorGraphTransform)]
-    if len(given) > 1:
-        raise ValueError(f"remat.jit takes at most one InductorGraphTransform in transforms=, got {len(given)}")
-    graph_transform = given[0] if given else None
-    if runtime == GRAPH_RUNTIME:  # Inductor regions, then each planned trace as one graph (a Thunder transform)
-        runtime = "inductor"
-        if graph_transform is None:  # else the user's, with its arguments (e.g. donate_dying_inputs=False)
-            graph_transform = InductorGraphTransform()
-            jit_options["transforms"] = [*(jit_options.get("transforms") or ()), graph_transform]
+    # Inductor regions, then each planned trace as one graph (a Thunder transform: the user's, if given)
+    runtime, transforms, graph_transform = _with_graph_transform(runtime, jit_options.pop("transforms", None))
+    if transforms:
+        jit_options["transforms"] = transforms
     if graph_transform is not None and memory_budget is not None:
         warn(
             f"remat.jit(runtime={GRAPH_RUNTIME!r}): memory_budget is planned against remat's estimate, and "
@@ -171,6 +166,23 @@ def jit(
     _plan_for_graph_layout(ex, jit_options.get("transforms"))
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
+
+
+def _with_graph_transform(runtime: str, transforms: Any) -> tuple[str, list[Any], InductorGraphTransform | None]:
+    """``runtime`` and ``transforms`` as Thunder takes them, and the graph transform among them: for
+    ``runtime="inductor-graph"``, Inductor regions and the ``InductorGraphTransform`` given in
+    ``transforms`` (with its arguments), else a default one added at the end.  At most one may be given."""
+    transforms = list(transforms or ())
+    given = [t for t in transforms if isinstance(t, InductorGraphTransform)]
+    if len(given) > 1:
+        raise ValueError(f"at most one InductorGraphTransform in transforms=, got {len(given)}")
+    graph_transform = given[0] if given else None
+    if runtime == GRAPH_RUNTIME:
+        runtime = "inductor"
+        if graph_transform is None:
+            graph_transform = InductorGraphTransform()
+            transforms.append(graph_transform)
+    return runtime, transforms, graph_transform
 
 
 def _plan_for_graph_layout(ex: RematExecutor, transforms: Any) -> None:

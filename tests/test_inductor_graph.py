@@ -286,9 +286,25 @@ def test_a_budget_with_the_graph_runtime_warns_that_the_peak_may_exceed_it():
     assert remat.executor_of(jitted).graph_transform is transform
 
 
-def test_jit_takes_one_graph_transform_at_most():
+def test_jit_and_install_take_one_graph_transform_at_most():
+    two = [InductorGraphTransform(), InductorGraphTransform()]
     with pytest.raises(ValueError, match="at most one InductorGraphTransform"):
-        remat.jit(Block(), runtime="inductor-graph", transforms=[InductorGraphTransform(), InductorGraphTransform()])
+        remat.jit(Block(), runtime="inductor-graph", transforms=two)
+    with pytest.raises(ValueError, match="at most one InductorGraphTransform"):
+        remat.install(runtime="inductor-graph", transforms=two)
+    assert thunder.jit.__module__.startswith("thunder")  # nothing was installed
+
+
+def test_install_uses_the_graph_transform_given():
+    """``remat.install(runtime="inductor-graph", transforms=[InductorGraphTransform(...)])``: that transform,
+    with its arguments, is the one every ``thunder.jit`` gets while installed (not one more beside it)."""
+    transform = InductorGraphTransform(donate_dying_inputs=False)
+    with remat.install(runtime="inductor-graph", transforms=[transform]) as installed:
+        assert list(installed.transforms) == [transform]
+        assert transform.plan_source is not None  # reads the installed executor's plan
+    with remat.install(runtime="inductor-graph") as installed:
+        (default,) = installed.transforms
+        assert isinstance(default, InductorGraphTransform) and default is not transform
 
 
 def test_an_executor_alone_refuses_the_graph_runtime():
