@@ -497,7 +497,8 @@ def test_inductor_graph_donations_measure_their_estimate(donate):
     ]
     assert graphs and all(g.path == "inductor" and g.undonated == () for g in graphs)
     assert bool(result.after_graph.donations) is donate
-    assert sum(len(g.donated) for g in graphs) == len(result.after_graph.donations)
+    # drained donors written with copy_, donors made in the graph left to Inductor's own in-place reuse
+    assert sum(len(g.donated) + len(g.left_to_inductor) for g in graphs) == len(result.after_graph.donations)
     estimate = result.after.peak_bytes
     assert abs(peak - estimate) <= 0.05 * estimate, (peak / 2**20, estimate / 2**20)
 
