@@ -163,7 +163,7 @@ def jit(
             UserWarning,
         )
     ex = executor(memory_budget, runtime=runtime, fusion=fusion, recompute=recompute, solver=solver, strict=strict, plan=plan)
-    _plan_for_graph_layout(ex, jit_options.get("transforms"))
+    _plan_for_graph_layout(ex, transforms)
     ex.graph_transform = graph_transform  # its ``notes`` say why a trace stayed region by region
     return jit_with(fn, ex, attention, **jit_options)
 

@@ -396,7 +396,7 @@ class GraphCallable:
         self.failed: str | None = None
         self.donated: tuple[str, ...] = ()  # region outputs written over a dying input (compile_trace_body)
         self.undonated: tuple[str, ...] = ()  # planned so, but not carried out (the estimate is low by them)
-        # planned so over a donor an op outside regions makes in the graph: no copy_, Inductor's own in-place reuse
+        # planned so over a matmul's output made in the graph: no copy_, Inductor's own in-place reuse writes it
         self.left_to_inductor: tuple[str, ...] = ()
         self.path: str | None = None
         self._compiled: dict[tuple, Callable] = {}  # input strides -> compiled graph
@@ -597,15 +597,15 @@ def _donated_positions(
     (:func:`remat.core.donation.find_donations`) already holds that on the joint trace: this is the
     runtime's own check that the execution trace agrees.
 
-    A donor drained from the saved tensors, made by a region, or a view of either is written with
-    ``copy_``.  A donor a matmul computes in the body (the logits a budget plan recomputes in the
-    backward) is left to Inductor: ``copy_`` into the output of such an extern kernel made Inductor allocate the region's
-    output and copy it, while its own in-place reuse (``inplace_buffers``) writes the elementwise output
+    A donor a matmul computes in the body (the logits a budget plan recomputes in the backward) is left to
+    Inductor: ``copy_`` into the output of such an extern kernel made Inductor allocate the region's output
+    and copy it, while its own in-place reuse (``inplace_buffers``) writes the elementwise output
     over that dying buffer by itself (CPU, Llama-2-7b x2 at demo width, bf16, vocab 32000, a budget plan
-    recomputing the logits: 1006.3 MiB measured with ``copy_``, 517.6 without, estimate 516.1).  Over a
-    region's output it is the other way round (the default plan there: 567.7 MiB with ``copy_``, 1056.4
-    without, estimate 566.2).  Outputs left so are appended to ``left_to_inductor``: counted as donated by
-    the estimate, carried out as Inductor decides (approximate: measured on the CPU only)."""
+    recomputing the logits: 1006.3 MiB measured with ``copy_``, 517.6 without, estimate 516.1).  Every
+    other donor is written with ``copy_``: there it is the other way round (the default plan there, whose
+    donors are drained saved tensors and reshapes: 567.7 MiB with ``copy_``, 1056.4 without, estimate
+    566.2).  Outputs left to Inductor are appended to ``left_to_inductor``: counted as donated by the
+    estimate, carried out as Inductor decides (approximate: measured on the CPU only)."""
     if not donations:
         return {}
     last_read: dict[str, int] = {}
@@ -746,7 +746,7 @@ class InductorGraphTransform(Transform):
             left = graph._call_ctx[name].left_to_inductor
             if left:
                 logger.info(
-                    "remat inductor-graph: %s: %d region outputs the plan writes over outputs of ops outside regions are left to "
+                    "remat inductor-graph: %s: %d region outputs the plan writes over matmul outputs made in the graph are left to "
                     "Inductor's own in-place reuse (no copy_): %s", computation_trace.siginfo().name, len(left), ", ".join(left[:4]),
                 )
         return new_trace
